@@ -1,0 +1,42 @@
+"""The `sparsellm` command. Each subcommand is a module in `sparsellm.commands` with
+`add_arguments(parser)` and `main(args) -> int`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "generate": "generate text with a model, streamed to the terminal",
+    "models": "list model names and supported architectures",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sparsellm", description="Fast LLM text generation on CPUs through sparsity and "
+        "quantization.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in SUBCOMMANDS.items():
+        module = importlib.import_module(f"sparsellm.commands.{name}")
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(run=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except (FileNotFoundError, ValueError) as e:  # user errors: one clear line, no traceback
+        print(f"sparsellm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

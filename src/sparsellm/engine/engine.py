@@ -1,0 +1,126 @@
+"""Engine: owns the model weights and KV cache, runs prefill and decode steps.
+
+Above the engine: token ids and NumPy logits. Below it: the model forward (the NumPy reference or
+the native runtime), which takes a flat batch of tokens with their cache slots and positions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..models import Checkpoint, load_checkpoint
+from .kv_cache import KVCache
+
+DEFAULT_PROMPT_CHUNK = 64
+
+
+class ContextLengthError(ValueError):
+    """A prompt (or prompt + requested tokens) does not fit in the sequence length."""
+
+    def __init__(self, message: str, prompt_tokens: int, limit: int):
+        super().__init__(message)
+        self.prompt_tokens, self.limit = prompt_tokens, limit
+
+
+class Engine:
+    """Runs a model over sequences held in KV-cache slots.
+
+    `sequence_length` is the per-sequence capacity in tokens (prompt + generated);
+    `max_sequences` how many sequences can be active at once (the decode batch size);
+    prompts are processed in chunks of `prompt_processing_sequence_length` tokens.
+    """
+
+    def __init__(
+        self,
+        model: str | Checkpoint,
+        sequence_length: int = 1024,
+        max_sequences: int = 1,
+        prompt_processing_sequence_length: int = DEFAULT_PROMPT_CHUNK,
+        num_cores: int | None = None,
+    ):
+        self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
+        self.args = self.checkpoint.args
+        if sequence_length < 1 or prompt_processing_sequence_length < 1 or max_sequences < 1:
+            raise ValueError("sequence_length, prompt_processing_sequence_length and "
+                             "max_sequences must be positive")
+        self.sequence_length = sequence_length
+        self.prompt_chunk = prompt_processing_sequence_length
+        self.num_cores = num_cores
+        self.model = self.checkpoint.build_model()
+        a = self.args
+        self.cache = KVCache(a.num_hidden_layers, max_sequences, a.num_key_value_heads,
+                             sequence_length, a.head_dim)
+        self.vocab_size = self.model.lm_head.shape[0]
+
+    # ---- sequences ------------------------------------------------------------------------------
+    def add_sequence(self) -> int:
+        return self.cache.allocate()
+
+    def release(self, seq: int) -> None:
+        self.cache.free(seq)
+
+    def length(self, seq: int) -> int:
+        return int(self.cache.lengths[seq])
+
+    def trim(self, seq: int, length: int) -> None:
+        self.cache.trim(seq, length)
+
+    @property
+    def max_sequences(self) -> int:
+        return self.cache.max_sequences
+
+    # ---- compute --------------------------------------------------------------------------------
+    def prefill(self, seq: int, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+        """Append `tokens` to sequence `seq` in chunks.
+
+        Returns logits (len(tokens), vocab) if `all_logits`, else the last token's (1, vocab).
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("prefill needs at least one token")
+        self._check_room(seq, n)
+        outs = []
+        for start in range(0, n, self.prompt_chunk):
+            chunk = tokens[start:start + self.prompt_chunk]
+            last_chunk = start + self.prompt_chunk >= n
+            if all_logits:
+                rows = np.arange(len(chunk))
+            else:
+                rows = np.array([len(chunk) - 1] if last_chunk else [], dtype=np.int64)
+            logits = self.step([seq], [chunk], rows)
+            if len(rows):
+                outs.append(logits)
+        return np.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    def decode_step(self, seqs: list[int], tokens: list[int]) -> np.ndarray:
+        """Append one token to each sequence -> logits (len(seqs), vocab)."""
+        for s in seqs:
+            self._check_room(s, 1)
+        return self.step(seqs, [[t] for t in tokens], np.arange(len(seqs)))
+
+    def step(self, seqs: list[int], tokens: list[list[int]], logit_rows: np.ndarray) -> np.ndarray:
+        """One forward over several sequences, each extended by its own list of tokens.
+
+        logit_rows index the flattened tokens; returns (len(logit_rows), vocab).
+        """
+        flat = np.fromiter((t for ts in tokens for t in ts), dtype=np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= self.vocab_size):
+            raise ValueError(f"token id out of range [0, {self.vocab_size})")
+        slots = np.repeat(np.asarray(seqs, dtype=np.int64), [len(ts) for ts in tokens])
+        positions = np.concatenate([
+            np.arange(self.cache.lengths[s], self.cache.lengths[s] + len(ts))
+            for s, ts in zip(seqs, tokens, strict=True)
+        ])
+        logits = self.model.forward(flat, slots, positions, self.cache.k, self.cache.v,
+                                    np.asarray(logit_rows, dtype=np.int64))
+        for s, ts in zip(seqs, tokens, strict=True):
+            self.cache.append(s, len(ts))
+        return logits
+
+    def _check_room(self, seq: int, n: int) -> None:
+        if self.cache.lengths[seq] + n > self.sequence_length:
+            raise ContextLengthError(
+                f"sequence needs {self.cache.lengths[seq] + n} tokens but sequence_length is "
+                f"{self.sequence_length}",
+                int(self.cache.lengths[seq] + n), self.sequence_length,
+            )

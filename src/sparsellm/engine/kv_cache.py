@@ -1,0 +1,59 @@
+"""The KV cache: a preallocated block of slots, one sequence per slot."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class KVCache:
+    """Keys and values of up to `max_sequences` sequences of at most `capacity` tokens each.
+
+    Interface: `allocate()` a slot, `append(slot, n)` after the model wrote n positions,
+    `trim(slot, length)` to roll back (speculative decoding), `free(slot)`, `nbytes`.
+    The model writes k/v in place; the cache owns the lengths.
+    """
+
+    def __init__(self, num_layers: int, max_sequences: int, num_kv_heads: int, capacity: int,
+                 head_dim: int, dtype: np.dtype = np.float32):
+        shape = (num_layers, max_sequences, num_kv_heads, capacity, head_dim)
+        self.k = np.zeros(shape, dtype=dtype)  # (layers, slots, kv_heads, capacity, head_dim)
+        self.v = np.zeros(shape, dtype=dtype)  # same as k
+        self.capacity = capacity
+        self.lengths = np.zeros(max_sequences, dtype=np.int64)  # (slots,) tokens held
+        self._free = list(range(max_sequences - 1, -1, -1))
+
+    @property
+    def max_sequences(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise RuntimeError(
+                f"all {self.max_sequences} KV-cache slots are in use; raise max_sequences"
+            )
+        slot = self._free.pop()
+        self.lengths[slot] = 0
+        return slot
+
+    def free(self, slot: int) -> None:
+        assert slot not in self._free, f"slot {slot} freed twice"
+        self.lengths[slot] = 0
+        self._free.append(slot)
+
+    def append(self, slot: int, n: int) -> None:
+        assert self.lengths[slot] + n <= self.capacity, "cache overflow"
+        self.lengths[slot] += n
+
+    def trim(self, slot: int, length: int) -> None:
+        """Forget everything after the first `length` tokens of the sequence in `slot`."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot trim slot {slot} of {self.lengths[slot]} tokens to {length}")
+        self.lengths[slot] = length

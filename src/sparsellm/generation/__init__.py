@@ -1,0 +1,11 @@
+"""The one generation core: sampling, stopping, streaming text, batching."""
+
+from .config import GenerationConfig
+from .generator import BatchGenerator, GenerationRequest, TokenEvent
+from .sampling import Sampler, make_distribution, make_logits_processors
+from .text import IncrementalDetokenizer, StopStrings
+
+__all__ = [
+    "BatchGenerator", "GenerationConfig", "GenerationRequest", "IncrementalDetokenizer",
+    "Sampler", "StopStrings", "TokenEvent", "make_distribution", "make_logits_processors",
+]

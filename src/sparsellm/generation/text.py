@@ -1,0 +1,70 @@
+"""Streaming text: incremental detokenization that never splits a character, and stop strings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+_CONTEXT_TOKENS = 4  # prompt tokens kept so tokenizers that strip a leading space decode right
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas.
+
+    Decodes a short window of recent ids and emits only the new suffix, and only once it no
+    longer ends in an incomplete UTF-8 sequence (U+FFFD), so a multi-byte character is never
+    split between two deltas.
+    """
+
+    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int] = (), skip_special: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special = skip_special
+        self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset:])
+        if len(text) > len(prefix) and not text.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return text[len(prefix):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still pending (an incomplete character is emitted as U+FFFD)."""
+        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix):]
+
+
+class StopStrings:
+    """Finds stop strings in generated text and says how much text is safe to stream.
+
+    Text that could still become a stop string is held back, so a client never sees part of one.
+    """
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+
+    def find(self, text: str, start: int = 0) -> int:
+        """Index of the earliest stop string in text[start':] (start' = start - len(stop) + 1),
+        or -1."""
+        hits = [text.find(s, max(0, start - len(s) + 1)) for s in self.stops]
+        hits = [h for h in hits if h >= 0]
+        return min(hits) if hits else -1
+
+    def safe_length(self, text: str) -> int:
+        """Length of the prefix of `text` that cannot be the start of a stop string."""
+        held = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(text)), held, -1):
+                if text.endswith(s[:n]):
+                    held = n
+                    break
+        return len(text) - held

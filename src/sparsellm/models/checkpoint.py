@@ -1,0 +1,143 @@
+"""Load a model from any source (GGUF file, HF folder, registry name, hf:org/name) into canonical
+tensors + config + tokenizer. I/O lives here; architectures hold only math."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..tokenizer import Tokenizer
+from .architectures import Architecture, find_architecture
+from .registry import MODELS, resolve_hf_cache, resolve_registered
+from .safetensors_io import read_safetensors
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+@dataclass
+class Checkpoint:
+    """A loaded model: canonical (HF-named) fp32 tensors, config and tokenizer."""
+
+    path: Path
+    format: str  # "gguf" | "safetensors"
+    architecture: Architecture
+    config: dict[str, Any]
+    tensors: dict[str, np.ndarray]
+    tokenizer: Tokenizer
+    generation_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def args(self) -> Any:
+        return self.architecture.module.ModelArgs.from_config(self.config)
+
+    def build_model(self) -> Any:
+        return self.architecture.module.LlamaModel(self.args, self.tensors)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """EOS ids from generation_config.json, config.json and the tokenizer, deduplicated."""
+        ids: list[int] = []
+        for source in (self.generation_config.get("eos_token_id"), self.config.get("eos_token_id")):
+            ids += source if isinstance(source, list) else [source] if source is not None else []
+        ids += self.tokenizer.eos_token_ids
+        return list(dict.fromkeys(int(i) for i in ids))
+
+
+def resolve_model_path(model_path: str | Path) -> Path:
+    """Registry name, `hf:org/name`, or a path -> an existing local path, or a clear error."""
+    text = str(model_path)
+    if text in MODELS:
+        return resolve_registered(text)
+    if text.startswith("hf:"):
+        return resolve_hf_cache(text[3:])
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model path {text!r} does not exist; pass a GGUF file, a Hugging Face model folder "
+            f"(config.json + *.safetensors), `hf:org/name` from the local cache, or a registry "
+            f"name ({', '.join(MODELS)}; see `sparsellm models`)"
+        )
+    return path
+
+
+def load_checkpoint(model_path: str | Path) -> Checkpoint:
+    path = resolve_model_path(model_path)
+    if path.is_file():
+        if path.suffix.lower() in PICKLE_SUFFIXES:
+            raise ValueError(_pickle_refusal(path))
+        if path.suffix.lower() != ".gguf" and not _is_gguf(path):
+            raise ValueError(f"{path} is not a GGUF file; pass a .gguf file or a model folder")
+        from .gguf_loader import load_gguf
+
+        return load_gguf(path)
+    return _load_hf_folder(path)
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def _pickle_refusal(path: Path) -> str:
+    return (
+        f"{path}: refusing pickle weights (they can run arbitrary code on load); sparsellm loads "
+        "safetensors and GGUF only. Convert with transformers: "
+        "`AutoModelForCausalLM.from_pretrained(src).save_pretrained(dst, safe_serialization=True)`"
+    )
+
+
+def _load_hf_folder(folder: Path) -> Checkpoint:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        ggufs = sorted(folder.glob("*.gguf"))
+        if len(ggufs) == 1:
+            from .gguf_loader import load_gguf
+
+            return load_gguf(ggufs[0])
+        raise FileNotFoundError(f"{config_path} not found; {folder} is not a model folder")
+    config = json.loads(config_path.read_text())
+    names = config.get("architectures") or [config.get("model_type", "?")]
+    arch = find_architecture(names[0])
+    files = _safetensors_files(folder)
+    tensors: dict[str, np.ndarray] = {}
+    for file in files:
+        tensors.update(read_safetensors(file))
+    tensors = {k: _to_float32(v) for k, v in tensors.items()}
+    gen_path = folder / "generation_config.json"
+    return Checkpoint(
+        path=folder,
+        format="safetensors",
+        architecture=arch,
+        config=config,
+        tensors=tensors,
+        tokenizer=Tokenizer.from_files(folder),
+        generation_config=json.loads(gen_path.read_text()) if gen_path.is_file() else {},
+    )
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{folder}: shards listed in {index.name} are missing: {missing}"
+            )
+        return [folder / s for s in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    if any(p.suffix in PICKLE_SUFFIXES for p in folder.iterdir()):
+        raise ValueError(_pickle_refusal(folder))
+    raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+
+
+def _to_float32(arr: np.ndarray) -> np.ndarray:
+    if np.issubdtype(arr.dtype, np.floating) and arr.dtype != np.float32:
+        return arr.astype(np.float32)
+    return np.asarray(arr)
