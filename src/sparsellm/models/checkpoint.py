@@ -12,6 +12,7 @@ import numpy as np
 
 from ..tokenizer import Tokenizer
 from .architectures import Architecture, find_architecture
+from .formats import QuantizedTensor, WeightFormat
 from .registry import MODELS, resolve_hf_cache, resolve_registered
 from .safetensors_io import read_safetensors
 
@@ -20,7 +21,12 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 @dataclass
 class Checkpoint:
-    """A loaded model: canonical (HF-named) fp32 tensors, config and tokenizer."""
+    """A loaded model: canonical (HF-named) tensors, config and tokenizer.
+
+    `tensors` always holds fp32 values (dequantized where the checkpoint stores integers), which
+    the NumPy reference path and calibration use; `weight_formats` says how a tensor is stored and
+    should run natively, and `quantized` keeps the exact integers for those that are.
+    """
 
     path: Path
     format: str  # "gguf" | "safetensors"
@@ -29,6 +35,9 @@ class Checkpoint:
     tensors: dict[str, np.ndarray]
     tokenizer: Tokenizer
     generation_config: dict[str, Any] = field(default_factory=dict)
+    # Declared formats of the tensors that are not dense fp32, and their exact stored values.
+    weight_formats: dict[str, WeightFormat] = field(default_factory=dict)
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
 
     @property
     def args(self) -> Any:

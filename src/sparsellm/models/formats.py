@@ -1,0 +1,76 @@
+"""Declared weight formats: how each tensor of a checkpoint is stored and should be run.
+
+A format is declared by the checkpoint (compressed-tensors `quantization_config` /
+`sparsity_config` in config.json) or requested on load (`weights="int8"`); it is never guessed
+from a file name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    bits: int = 32  # 32 = float; 8 or 4 = integer weights
+    group_size: int | None = None  # None = one scale per output channel
+    symmetric: bool = True  # False = a zero point per group/channel
+    activation_bits: int | None = None  # 8 = dynamic per-token int8 activations (W8A8)
+    sparsity: str | None = None  # None | "unstructured" | "2:4"
+
+    @property
+    def name(self) -> str:
+        base = "fp32" if self.bits == 32 else f"int{self.bits}"
+        if self.group_size:
+            base += f"_g{self.group_size}"
+        if self.bits < 32 and not self.symmetric:
+            base += "_asym"
+        if self.activation_bits:
+            base += f"_a{self.activation_bits}"
+        return f"sparse_{base}" if self.sparsity == "unstructured" else \
+            f"{self.sparsity}_{base}" if self.sparsity else base
+
+
+DENSE_FP32 = WeightFormat()
+
+# Presets for `weights=` on load and for `--weights` on the command line.
+PRESETS = {
+    "fp32": DENSE_FP32,
+    "int8": WeightFormat(bits=8),  # W8A16: int8 weights, fp32 activations
+    "w8a8": WeightFormat(bits=8, activation_bits=8),
+    "int4": WeightFormat(bits=4, group_size=32),
+    "int4_asym": WeightFormat(bits=4, group_size=32, symmetric=False),
+}
+
+
+def preset(name: str) -> WeightFormat:
+    if name not in PRESETS:
+        raise ValueError(f"unknown weights format {name!r}; accepted: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+@dataclass
+class QuantizedTensor:
+    """Exact integer weights as stored: W ~= (q - zero_point) * scale, per group of columns.
+
+    q: (out, in) int8 (int4 values unpacked, in [-8, 7] or [0, 15]); scale, zero_point:
+    (out, in // group_size) or (out, 1) for per-channel; mask: (out, in) bool of kept weights
+    when the tensor is sparse.
+    """
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    format: WeightFormat
+    mask: np.ndarray | None = None
+
+    def dequantize(self) -> np.ndarray:
+        out, cols = self.q.shape
+        groups = self.scale.shape[1]
+        q = self.q.astype(np.float32).reshape(out, groups, cols // groups)
+        zp = 0.0 if self.zero_point is None else \
+            self.zero_point.astype(np.float32).reshape(out, groups, 1)
+        w = ((q - zp) * self.scale.astype(np.float32).reshape(out, groups, 1)).reshape(out, cols)
+        return w if self.mask is None else w * self.mask
