@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS = {
     "generate": "generate text with a model, streamed to the terminal",
     "models": "list model names and supported architectures",
+    "benchmark": "measure decode and prefill speed, latency, memory and bandwidth",
 }
 
 

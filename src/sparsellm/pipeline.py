@@ -73,7 +73,9 @@ class TextGeneration(Pipeline):
     Construction settings size the engine (`sequence_length` tokens per sequence, `batch_size`
     sequences decoded together, prompts processed `prompt_processing_sequence_length` tokens at a
     time, `num_cores` threads). Any `GenerationConfig` field passed here becomes a default that
-    each call can override.
+    each call can override. With `draft_model_path` (a smaller or compressed model with the same
+    tokenizer) decoding is speculative: the draft proposes `num_speculative_tokens` tokens per
+    step and the model verifies them; outputs are those of the model alone.
     """
 
     def __init__(
@@ -85,6 +87,8 @@ class TextGeneration(Pipeline):
         num_cores: int | None = None,
         internal_kv_cache: bool = True,  # accepted for DeepSparse compatibility; always internal
         generation_config: GenerationConfig | dict[str, Any] | None = None,
+        draft_model_path: str | Path | Checkpoint | None = None,
+        num_speculative_tokens: int = 4,
         **generation_kwargs: Any,
     ):
         if isinstance(generation_config, dict):
@@ -104,7 +108,16 @@ class TextGeneration(Pipeline):
         )
         self.tokenizer = checkpoint.tokenizer
         self.sequence_length = sequence_length
-        self.generator = BatchGenerator(self.engine, self.tokenizer, checkpoint.eos_token_ids)
+        self.draft_engine = None
+        if draft_model_path is not None:
+            self.draft_engine = Engine(
+                draft_model_path, sequence_length=sequence_length, max_sequences=batch_size,
+                prompt_processing_sequence_length=prompt_processing_sequence_length,
+                num_cores=num_cores,
+            )
+        self.generator = BatchGenerator(self.engine, self.tokenizer, checkpoint.eos_token_ids,
+                                        draft=self.draft_engine,
+                                        num_speculative_tokens=num_speculative_tokens)
 
     # ---- inputs ---------------------------------------------------------------------------------
     def config_for(self, **overrides: Any) -> GenerationConfig:

@@ -15,6 +15,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-processing-sequence-length", type=int, default=64,
                    help="prompt tokens processed per step (default 64)")
     p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("--draft-model", default=None,
+                   help="draft model for speculative decoding (same tokenizer, smaller or "
+                        "compressed)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4,
+                   help="tokens the draft proposes per step (default 4)")
 
 
 def add_generation_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,6 +73,8 @@ def main(args: argparse.Namespace) -> int:
         prompt_processing_sequence_length=args.prompt_processing_sequence_length,
         batch_size=1,
         num_cores=args.num_cores,
+        draft_model_path=args.draft_model,
+        num_speculative_tokens=args.num_speculative_tokens,
         **generation_kwargs(args),
     )
     messages = None
@@ -94,4 +101,8 @@ def main(args: argparse.Namespace) -> int:
         f"finished: {request.finished_reason}]",
         file=sys.stderr,
     )
+    spec = pipeline.generator.speculation
+    if pipeline.draft_engine is not None and spec.steps:
+        print(f"[speculative: acceptance {spec.acceptance_rate:.0%}, "
+              f"{spec.tokens_per_step:.2f} tokens per step]", file=sys.stderr)
     return 0

@@ -6,6 +6,8 @@ the native runtime), which takes a flat batch of tokens with their cache slots a
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..models import Checkpoint, load_checkpoint
@@ -68,6 +70,21 @@ class Engine:
     @property
     def max_sequences(self) -> int:
         return self.cache.max_sequences
+
+    @property
+    def num_threads(self) -> int:
+        return self.num_cores or os.cpu_count() or 1
+
+    @property
+    def weight_bytes_per_step(self) -> int:
+        """Bytes of weights one decode step reads (all layers, final norm, lm_head; the
+        embedding contributes one row per token, which is negligible)."""
+        return self.model.weight_nbytes()
+
+    @property
+    def weights_description(self) -> str:
+        formats = sorted({f.name for f in self.checkpoint.weight_formats.values()})
+        return ", ".join(formats) if formats else "fp32"
 
     # ---- compute --------------------------------------------------------------------------------
     def prefill(self, seq: int, tokens: list[int], all_logits: bool = False) -> np.ndarray:

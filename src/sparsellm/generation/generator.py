@@ -18,6 +18,7 @@ import numpy as np
 from ..engine import ContextLengthError, Engine
 from .config import GenerationConfig
 from .sampling import Sampler
+from .speculative import SpeculationStats, accept_draft, check_compatible_vocab
 from .text import IncrementalDetokenizer, StopStrings
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CAPACITY, FINISH_CANCELLED = "stop", "length", "capacity", \
@@ -64,17 +65,37 @@ class _Live:
         self.stops = StopStrings(request.config.stop)
         self.pending = ""  # decoded text not yet released (could begin a stop string)
         self.next_token: int | None = None  # sampled, not yet fed to the engine
+        self.draft_slot: int | None = None  # the sequence's slot in the draft engine
+        self.draft_behind: list[int] = []  # accepted tokens the draft has not been fed yet
 
 
 class BatchGenerator:
-    """Drives an `Engine` over many concurrent sequences."""
+    """Drives an `Engine` over many concurrent sequences.
 
-    def __init__(self, engine: Engine, tokenizer: Any, eos_token_ids: Sequence[int] = ()):
+    With a `draft` engine (same vocabulary, its own KV cache with as many slots), each decode
+    step is speculative: the draft proposes `num_speculative_tokens` tokens per sequence and the
+    main model verifies them all in one batched step.
+    """
+
+    def __init__(self, engine: Engine, tokenizer: Any, eos_token_ids: Sequence[int] = (),
+                 draft: Engine | None = None, num_speculative_tokens: int = 4):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[GenerationRequest] = deque()
         self.active: dict[GenerationRequest, _Live] = {}
+        self.draft = draft
+        self.num_speculative_tokens = num_speculative_tokens
+        self.speculation = SpeculationStats()
+        if draft is not None:
+            check_compatible_vocab(tokenizer, draft.checkpoint.tokenizer)
+            if num_speculative_tokens < 1:
+                raise ValueError(f"num_speculative_tokens must be >= 1, got "
+                                 f"{num_speculative_tokens}")
+            if draft.max_sequences < engine.max_sequences or \
+                    draft.sequence_length < engine.sequence_length:
+                raise ValueError("the draft engine needs at least the main engine's "
+                                 "max_sequences and sequence_length")
 
     # ---- queue ----------------------------------------------------------------------------------
     def check_fits(self, prompt_ids: Sequence[int]) -> None:
@@ -109,7 +130,9 @@ class BatchGenerator:
         """Admit waiting requests (prefill + first token), then one batched decode step."""
         events: list[TokenEvent] = []
         decoding = [r for r, live in self.active.items() if live.next_token is not None]
-        if decoding:
+        if decoding and self.draft is not None:
+            events += self._speculative_step(decoding)
+        elif decoding:
             tokens = [self.active[r].next_token for r in decoding]
             logits = self.engine.decode_step([r.slot for r in decoding], tokens)
             for r, row in zip(decoding, logits, strict=True):
@@ -117,7 +140,10 @@ class BatchGenerator:
         while self.waiting and self.engine.cache.num_free:
             r = self.waiting.popleft()
             r.slot = self.engine.add_sequence()
-            self.active[r] = _Live(r, self.tokenizer)
+            live = self.active[r] = _Live(r, self.tokenizer)
+            if self.draft is not None:
+                live.draft_slot = self.draft.add_sequence()
+                self.draft.prefill(live.draft_slot, r.prompt_ids)
             logits = self.engine.prefill(r.slot, r.prompt_ids, all_logits=r.return_logits)
             if r.return_logits:
                 r.logits.append(logits[:-1].copy())
@@ -128,12 +154,78 @@ class BatchGenerator:
         return events
 
     def _advance(self, r: GenerationRequest, logits: np.ndarray) -> TokenEvent:
-        """Sample the next token of r from `logits` and update its text and finish state."""
+        """Sample the next token of r from `logits` and emit it."""
+        token = self.active[r].sampler(logits, r.prompt_ids + r.output_ids)
+        return self._emit(r, token, logits)
+
+    def _speculative_step(self, decoding: list[GenerationRequest]) -> list[TokenEvent]:
+        """Draft k tokens per sequence, verify them in one main-model step, emit what holds."""
+        draft = self.draft
+        assert draft is not None
+        lives = [self.active[r] for r in decoding]
+        # k per sequence: what its token budget and the main cache can still take.
+        ks = [
+            max(0, min(self.num_speculative_tokens,
+                       r.config.max_generated_tokens - len(r.output_ids) - 1,
+                       self.engine.sequence_length - self.engine.length(r.slot) - 1))
+            for r in decoding
+        ]
+        feeds = [live.draft_behind + [live.next_token] for live in lives]
+        proposals: list[list[int]] = [[] for _ in decoding]
+        q_rows: list[list[np.ndarray]] = [[] for _ in decoding]
+        for live, k, feed in zip(lives, ks, feeds, strict=True):
+            live.draft_behind = [] if k else feed  # k == 0: the draft just catches up later
+        todo = [i for i, k in enumerate(ks) if k]
+        tokens = [feeds[i] for i in todo]
+        while todo:
+            rows = np.cumsum([len(t) for t in tokens]) - 1
+            logits = draft.step([lives[i].draft_slot for i in todo], tokens, rows)
+            for i, row in zip(todo, logits, strict=True):
+                r, live = decoding[i], lives[i]
+                q = live.sampler.distribution(row, r.prompt_ids + r.output_ids + proposals[i])
+                proposals[i].append(_draw_from(q, live.sampler))
+                q_rows[i].append(q)
+            todo = [i for i in todo if len(proposals[i]) < ks[i]]
+            tokens = [[proposals[i][-1]] for i in todo]
+        # One main step over [next_token, proposals...] of every sequence, all rows scored.
+        verify = [[live.next_token] + props for live, props in zip(lives, proposals, strict=True)]
+        lengths = [self.engine.length(r.slot) for r in decoding]
+        logits = self.engine.step([r.slot for r in decoding], verify,
+                                  np.arange(sum(len(v) for v in verify)))
+        events, offset = [], 0
+        for i, (r, live) in enumerate(zip(decoding, lives, strict=True)):
+            rows = logits[offset:offset + len(verify[i])]
+            offset += len(verify[i])
+            history = r.prompt_ids + r.output_ids
+            p = np.stack([live.sampler.distribution(rows[j], history + proposals[i][:j])
+                          for j in range(len(rows))])
+            n, nxt = accept_draft(p, np.asarray(q_rows[i]), proposals[i], live.sampler.rng)
+            if ks[i]:
+                self.speculation.steps += 1
+                self.speculation.proposed += ks[i]
+                self.speculation.accepted += n
+                # The draft was fed feed + proposals[:-1]; keep what was accepted.
+                fed = len(feeds[i]) + ks[i] - 1
+                draft_len = draft.length(live.draft_slot)
+                if n < ks[i]:
+                    draft.trim(live.draft_slot, draft_len - fed + len(feeds[i]) + n)
+                else:
+                    live.draft_behind = [proposals[i][-1]]
+            self.engine.trim(r.slot, lengths[i] + 1 + n)
+            for j, token in enumerate(proposals[i][:n] + [nxt]):
+                live.next_token = None
+                event = self._emit(r, token, rows[j])
+                events.append(event)
+                if event.finished_reason:
+                    break
+        return events
+
+    def _emit(self, r: GenerationRequest, token: int, logits: np.ndarray) -> TokenEvent:
+        """Append the chosen `token` to r and update its text and finish state."""
         live = self.active[r]
         live.next_token = None
         if r.return_logits:
             r.logits.append(logits[None].copy())
-        token = live.sampler(logits, r.prompt_ids + r.output_ids)
         r.output_ids.append(token)
         cfg = r.config
         if token in self.eos_token_ids and not cfg.force_max_tokens:
@@ -171,6 +263,8 @@ class BatchGenerator:
         r.text += text
         r.finished_reason = reason
         self.engine.release(r.slot)
+        if live.draft_slot is not None:
+            self.draft.release(live.draft_slot)
         return TokenEvent(r, token, text, reason)
 
     # ---- convenience ----------------------------------------------------------------------------
@@ -183,3 +277,9 @@ class BatchGenerator:
         while self.has_work:
             self.step()
         return list(requests)
+
+
+def _draw_from(probs: np.ndarray, sampler: Sampler) -> int:
+    if sampler.config.deterministic:
+        return int(np.argmax(probs))
+    return sampler.draw(probs)

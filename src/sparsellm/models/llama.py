@@ -52,6 +52,15 @@ class ModelArgs:
         """Build from an HF config.json dict; keys this architecture does not use are ignored."""
         known = {f.name for f in fields(cls)} - {"extra", "qkv_bias"}
         args = {k: v for k, v in config.items() if k in known}
+        # transformers >= 5 saves `rope_parameters` ({"rope_type", "rope_theta", scaling keys})
+        # instead of the 4.x `rope_theta` + `rope_scaling` keys.
+        rope = config.get("rope_parameters")
+        if isinstance(rope, dict):
+            rope = dict(rope)
+            if "rope_theta" in rope:
+                args["rope_theta"] = rope.pop("rope_theta")
+            if rope.get("rope_type", rope.get("type", "default")) != "default":
+                args["rope_scaling"] = rope
         if config.get("model_type") == "qwen2" or "Qwen2ForCausalLM" in config.get(
             "architectures", []
         ):
@@ -150,6 +159,11 @@ class LlamaModel:
                                  tensors.get("rope_freqs.weight"))
         self.inv_freq = inv_freq.astype(np.float64)
         self.attention_scale = 1.0 / math.sqrt(args.head_dim)
+
+    def weight_nbytes(self) -> int:
+        """Bytes of every weight a decode step reads (not the embedding table)."""
+        return sum(t.nbytes for layer in self.layers for t in layer.values()) + \
+            self.norm.nbytes + self.lm_head.nbytes
 
     def rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         angles = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]

@@ -1,0 +1,330 @@
+"""Benchmark generation speed: decode throughput and latency, prefill, memory, bandwidth.
+
+Decode is memory-bound: every decode step reads every weight once, so next to tokens/s we report
+the bytes of weights read per step and the bandwidth that implies (gpt-fast's habit).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .datasets import load_texts
+from .engine import Engine
+from .generation import BatchGenerator, GenerationConfig, GenerationRequest
+from .models import load_checkpoint
+
+SCENARIOS = ("sync", "async")
+
+
+@dataclass
+class BenchmarkResult:
+    model: str
+    weights: str
+    batch_size: int
+    scenario: str
+    num_cores: int
+    input_ids_length: int
+    generated_tokens: int
+    sequence_length: int
+    throughput: float  # generated tokens/s over all streams
+    latency_mean_ms: float  # per decode step (one token for each active stream)
+    latency_median_ms: float
+    latency_p90_ms: float
+    prefill_tokens_per_s: float
+    time_to_first_token_ms: float
+    weight_bytes_per_step: int
+    bandwidth_gbs: float  # weight bytes per decode step / mean step time
+    rss_mb: float
+    peak_rss_mb: float
+    iterations: int
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def report(self) -> str:
+        rows = [
+            ("Original Model Path", self.model),
+            ("Weights", self.weights),
+            ("Batch Size", self.batch_size),
+            ("Scenario", self.scenario),
+            ("Threads", self.num_cores),
+            ("Prompt / Generated Tokens", f"{self.input_ids_length} / {self.generated_tokens}"),
+            ("Throughput (items/sec)", f"{self.throughput:.2f}"),
+            ("Latency Mean (ms/token)", f"{self.latency_mean_ms:.2f}"),
+            ("Latency Median (ms/token)", f"{self.latency_median_ms:.2f}"),
+            ("Latency 90th Percentile (ms/token)", f"{self.latency_p90_ms:.2f}"),
+            ("Prefill (tokens/sec)", f"{self.prefill_tokens_per_s:.1f}"),
+            ("Time To First Token (ms)", f"{self.time_to_first_token_ms:.1f}"),
+            ("Weights Read Per Decode Step (MB)", f"{self.weight_bytes_per_step / 1e6:.1f}"),
+            ("Achieved Bandwidth (GB/s)", f"{self.bandwidth_gbs:.1f}"),
+            ("RSS / Peak RSS (MB)", f"{self.rss_mb:.0f} / {self.peak_rss_mb:.0f}"),
+            ("Iterations / Seconds", f"{self.iterations} / {self.seconds:.1f}"),
+        ]
+        rows += [(k, v) for k, v in self.extra.items()]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}} : {v}" for k, v in rows)
+
+
+def benchmark(
+    model: str | Path,
+    batch_size: int = 1,
+    scenario: str = "sync",
+    input_ids_length: int = 32,
+    generated_tokens: int = 128,
+    sequence_length: int | None = None,
+    time_limit: float = 10.0,
+    warmup_time: float = 2.0,
+    num_cores: int | None = None,
+    weights: str | None = None,
+    progress: bool | None = None,
+) -> BenchmarkResult:
+    """Generate `generated_tokens` after `input_ids_length`-token prompts, repeatedly, for
+    `time_limit` seconds (after `warmup_time` seconds of warm-up).
+
+    sync: `batch_size` sequences start together and decode as one batch each iteration.
+    async: `batch_size` concurrent streams; a finished stream is replaced at once (continuous
+    batching), so the batch stays full.
+    """
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; accepted: {', '.join(SCENARIOS)}")
+    for name, value in [("batch_size", batch_size), ("input_ids_length", input_ids_length),
+                        ("generated_tokens", generated_tokens)]:
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    sequence_length = sequence_length or input_ids_length + generated_tokens
+    if input_ids_length + generated_tokens > sequence_length:
+        raise ValueError(f"input_ids_length + generated_tokens ({input_ids_length} + "
+                         f"{generated_tokens}) exceeds sequence_length ({sequence_length})")
+    checkpoint = load_checkpoint(model)
+    engine_kwargs: dict[str, Any] = {}
+    if weights:
+        engine_kwargs["weights"] = weights
+    engine = Engine(checkpoint, sequence_length=sequence_length, max_sequences=batch_size,
+                    num_cores=num_cores, **engine_kwargs)
+    prompts = _prompts(checkpoint.tokenizer, batch_size, input_ids_length)
+    config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
+    generator = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids)
+
+    _run(generator, prompts, config, scenario, warmup_time, progress=False)
+    stats = _run(generator, prompts, config, scenario, time_limit, progress=progress)
+    steps = np.array(stats["decode_step_s"]) if stats["decode_step_s"] else np.array([np.nan])
+    per_token = steps * 1000.0
+    bytes_per_step = engine.weight_bytes_per_step
+    result = BenchmarkResult(
+        model=str(model),
+        weights=weights or engine.weights_description,
+        batch_size=batch_size,
+        scenario=scenario,
+        num_cores=engine.num_threads,
+        input_ids_length=input_ids_length,
+        generated_tokens=generated_tokens,
+        sequence_length=sequence_length,
+        throughput=stats["decode_tokens"] / max(stats["decode_s"], 1e-9),
+        latency_mean_ms=float(np.mean(per_token)),
+        latency_median_ms=float(np.median(per_token)),
+        latency_p90_ms=float(np.percentile(per_token, 90)),
+        prefill_tokens_per_s=stats["prefill_tokens"] / max(stats["prefill_s"], 1e-9),
+        time_to_first_token_ms=1000.0 * float(np.mean(stats["ttft_s"])),
+        weight_bytes_per_step=bytes_per_step,
+        bandwidth_gbs=bytes_per_step / float(np.mean(steps)) / 1e9,
+        rss_mb=_rss_mb(),
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        iterations=stats["iterations"],
+        seconds=stats["seconds"],
+        extra={"End-to-end (generated tokens/sec)":
+               f"{stats['generated_tokens'] / max(stats['seconds'], 1e-9):.2f}"},
+    )
+    del generator, engine, checkpoint
+    gc.collect()
+    return result
+
+
+def _prompts(tokenizer: Any, n: int, length: int) -> list[list[int]]:
+    """Real code as prompts: the standard library's source, cut to `length` tokens each."""
+    ids: list[int] = []
+    for text in load_texts("python-stdlib", limit=20):
+        ids += tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) >= n * length:
+            break
+    return [ids[i * length:(i + 1) * length] for i in range(n)]
+
+
+def _run(generator: BatchGenerator, prompts: list[list[int]], config: GenerationConfig,
+         scenario: str, seconds: float, progress: bool | None) -> dict[str, Any]:
+    """Generate until `seconds` pass (finishing the iteration in flight); time each phase."""
+    stats: dict[str, Any] = dict(decode_step_s=[], decode_s=0.0, decode_tokens=0, prefill_s=0.0,
+                                 prefill_tokens=0, ttft_s=[], iterations=0, generated_tokens=0)
+    bar = _progress_bar(seconds, progress)
+    start = time.perf_counter()
+    next_prompt = 0
+
+    def submit() -> None:
+        nonlocal next_prompt
+        generator.add(GenerationRequest(prompts[next_prompt % len(prompts)], config))
+        next_prompt += 1
+
+    def elapsed() -> float:
+        return time.perf_counter() - start
+
+    if scenario == "async":
+        for _ in prompts:
+            submit()
+    while elapsed() < seconds or generator.has_work:
+        if scenario == "sync" and not generator.has_work:
+            if elapsed() >= seconds:
+                break
+            for _ in prompts:
+                submit()
+        admitting = len(generator.waiting) and generator.engine.cache.num_free
+        decoding = sum(1 for live in generator.active.values() if live.next_token is not None)
+        t0 = time.perf_counter()
+        events = generator.step()
+        dt = time.perf_counter() - t0
+        finished = sum(1 for e in events if e.finished_reason)
+        stats["generated_tokens"] += len(events)
+        if admitting:  # a step that prefills: count it as prefill (and time to first token)
+            n_new = len(events) - decoding
+            stats["prefill_s"] += dt
+            stats["prefill_tokens"] += n_new * len(prompts[0])
+            stats["ttft_s"] += [dt] * n_new
+        elif decoding:
+            stats["decode_step_s"].append(dt)
+            stats["decode_s"] += dt
+            stats["decode_tokens"] += decoding
+        stats["iterations"] += finished
+        if scenario == "async" and elapsed() < seconds:
+            for _ in range(finished):
+                submit()
+        if bar is not None:
+            bar.n = min(round(elapsed(), 1), seconds)
+            bar.refresh()
+    if bar is not None:
+        bar.close()
+    stats["seconds"] = elapsed()
+    return stats
+
+
+def _progress_bar(total: float, progress: bool | None) -> Any:
+    if progress is False or (progress is None and not sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="s", desc="benchmarking", leave=False,
+                bar_format="{desc} {bar} {n:.0f}/{total:.0f} s")
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")
+
+
+@dataclass
+class SpeculativeResult:
+    model: str
+    draft_model: str
+    num_speculative_tokens: int
+    prompts: int
+    generated_tokens: int
+    autoregressive_s: float
+    speculative_s: float
+    acceptance_rate: float
+    tokens_per_step: float
+    identical_texts: bool
+
+    @property
+    def speedup(self) -> float:
+        return self.autoregressive_s / self.speculative_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "speedup": self.speedup}
+
+    def report(self) -> str:
+        n = self.generated_tokens
+        return "\n".join([
+            f"{'':<28}{'autoregressive':>16}{'speculative':>16}",
+            f"{'time (s)':<28}{self.autoregressive_s:>16.2f}{self.speculative_s:>16.2f}",
+            f"{'tokens/s':<28}{n / self.autoregressive_s:>16.1f}{n / self.speculative_s:>16.1f}",
+            f"{'acceptance rate':<28}{'':>16}{self.acceptance_rate:>16.1%}",
+            f"{'tokens per main step':<28}{1.0:>16.2f}{self.tokens_per_step:>16.2f}",
+            f"speedup {self.speedup:.2f}x with {self.draft_model} drafting "
+            f"{self.num_speculative_tokens} tokens; identical texts: {self.identical_texts}",
+        ])
+
+
+def benchmark_speculative(
+    model: str | Path,
+    draft_model: str | Path,
+    num_speculative_tokens: int = 4,
+    prompts: int = 4,
+    input_ids_length: int = 32,
+    generated_tokens: int = 128,
+    num_cores: int | None = None,
+    weights: str | None = None,
+) -> SpeculativeResult:
+    """Greedy generation of the same prompts with and without a draft model, in one process."""
+    checkpoint = load_checkpoint(model)
+    extra = {"weights": weights} if weights else {}
+    length = input_ids_length + generated_tokens
+    engine = Engine(checkpoint, sequence_length=length, num_cores=num_cores, **extra)
+    draft = Engine(draft_model, sequence_length=length, num_cores=num_cores)
+    prompt_ids = _prompts(checkpoint.tokenizer, prompts, input_ids_length)
+    config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
+    plain = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids)
+    spec = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids, draft=draft,
+                          num_speculative_tokens=num_speculative_tokens)
+    plain.run([GenerationRequest(prompt_ids[0][:8], GenerationConfig(max_generated_tokens=4))])
+    spec.run([GenerationRequest(prompt_ids[0][:8], GenerationConfig(max_generated_tokens=4))])
+    spec.speculation = type(spec.speculation)()
+    times, texts = [], []
+    for generator in (plain, spec):
+        start = time.perf_counter()
+        done = [generator.run([GenerationRequest(p, config)])[0] for p in prompt_ids]
+        times.append(time.perf_counter() - start)
+        texts.append([r.output_ids for r in done])
+    return SpeculativeResult(
+        model=str(model), draft_model=str(draft_model),
+        num_speculative_tokens=num_speculative_tokens, prompts=prompts,
+        generated_tokens=prompts * generated_tokens,
+        autoregressive_s=times[0], speculative_s=times[1],
+        acceptance_rate=spec.speculation.acceptance_rate,
+        tokens_per_step=spec.speculation.tokens_per_step,
+        identical_texts=texts[0] == texts[1],
+    )
+
+
+def compare_report(a: BenchmarkResult, b: BenchmarkResult) -> str:
+    def ratio(x: float, y: float) -> str:
+        return f"{x / y:.2f}x" if y else "n/a"
+
+    return "\n".join([
+        f"{b.model} vs {a.model} (same process, same settings):",
+        f"  decode throughput {b.throughput:.1f} vs {a.throughput:.1f} tok/s: "
+        f"{ratio(b.throughput, a.throughput)}",
+        f"  prefill {b.prefill_tokens_per_s:.0f} vs {a.prefill_tokens_per_s:.0f} tok/s: "
+        f"{ratio(b.prefill_tokens_per_s, a.prefill_tokens_per_s)}",
+        f"  weights read per step {b.weight_bytes_per_step / 1e6:.1f} vs "
+        f"{a.weight_bytes_per_step / 1e6:.1f} MB",
+    ])
+
+
+def export_json(path: str | Path, payload: Any) -> None:
+    """Write atomically: a partial file never replaces a good one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    os.replace(tmp, path)
