@@ -1,0 +1,187 @@
+"""Speculative decoding: greedy output identical to plain decoding, sampling distribution exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from sparsellm import Pipeline
+from sparsellm.engine import Engine
+from sparsellm.generation import BatchGenerator, GenerationConfig, GenerationRequest
+from sparsellm.generation.sampling import make_distribution
+from sparsellm.generation.speculative import accept_draft
+from sparsellm.models import load_checkpoint
+
+PROMPTS = [
+    "def fibonacci(n):", "import os\n", "Hello world", "class Foo:", "# comment\n",
+    "0123456789", "return x + y", "for i in range(10):", "The quick brown fox", "while True:",
+    "x = [1, 2, 3]", "if a and b:", "print('hi')", "with open(p) as f:", "lambda x: x * 2",
+    "try:\n    pass", "def __init__(self):", "s = 'text'", "from json import", "yield from",
+]
+
+
+def _perturbed(checkpoint, scale: float, seed: int = 0):
+    """A draft that mostly agrees with `checkpoint`: its weights plus relative noise."""
+    import copy
+
+    draft = copy.copy(checkpoint)
+    rng = np.random.default_rng(seed)
+    draft.tensors = {
+        k: v + rng.normal(0, scale * float(np.abs(v).mean()), v.shape).astype(np.float32)
+        if v.ndim == 2 else v
+        for k, v in checkpoint.tensors.items()
+    }
+    return draft
+
+
+def _random_dist(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
+    p = rng.dirichlet(np.full(vocab, 0.5), size=n)
+    return p
+
+
+def test_accept_draft_first_token_follows_main_distribution():
+    """The emitted token at the first drafted position is distributed exactly as p[0]."""
+    rng = np.random.default_rng(0)
+    vocab, draws = 6, 20000
+    p = _random_dist(rng, 3, vocab)
+    q = _random_dist(rng, 2, vocab)
+    counts = np.zeros(vocab)
+    for _ in range(draws):
+        draft = [int(rng.choice(vocab, p=q[0])), int(rng.choice(vocab, p=q[1]))]
+        n, nxt = accept_draft(p, q, draft, rng)
+        counts[draft[0] if n >= 1 else nxt] += 1
+    assert stats.chisquare(counts, p[0] * draws).pvalue > 1e-3
+
+
+def test_accept_draft_greedy_is_longest_agreeing_prefix():
+    rng = np.random.default_rng(0)
+    onehot = np.eye(5)
+    p = onehot[[1, 2, 3, 4]]  # main argmax at each position
+    q = onehot[[1, 2, 0]]
+    assert accept_draft(p, q, [1, 2, 0], rng) == (2, 3)
+    assert accept_draft(p, onehot[[1, 2, 3]], [1, 2, 3], rng) == (3, 4)
+    assert accept_draft(p, onehot[[0, 2, 3]], [0, 2, 3], rng) == (0, 1)
+
+
+@pytest.fixture(scope="module")
+def main_and_draft(tiny_model_dir):
+    main = load_checkpoint(tiny_model_dir("llama"))
+    # Same tokenizer, different weights: a poor draft that exercises every rejection path.
+    draft = load_checkpoint(tiny_model_dir("llama_tied"))
+    return main, draft
+
+
+def _run(checkpoint, prompts, config, draft=None, k=4, batch=4):
+    engine = Engine(checkpoint, sequence_length=256, max_sequences=batch)
+    draft_engine = Engine(draft, sequence_length=256, max_sequences=batch) if draft else None
+    gen = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids,
+                         draft=draft_engine, num_speculative_tokens=k)
+    reqs = [GenerationRequest(checkpoint.tokenizer.encode(p), config) for p in prompts]
+    return gen.run(reqs), gen.speculation
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_speculative_equals_plain(main_and_draft, k):
+    main, draft = main_and_draft
+    config = GenerationConfig(max_generated_tokens=128, force_max_tokens=True)
+    plain, _ = _run(main, PROMPTS, config)
+    spec, st = _run(main, PROMPTS, config, draft=draft, k=k)
+    for a, b in zip(plain, spec, strict=True):
+        assert a.output_ids == b.output_ids
+        assert a.text == b.text
+    assert st.steps > 0 and 0 <= st.accepted <= st.proposed
+
+
+def test_greedy_with_self_draft_accepts_everything(main_and_draft):
+    main, _ = main_and_draft
+    config = GenerationConfig(max_generated_tokens=40, force_max_tokens=True)
+    plain, _ = _run(main, PROMPTS[:4], config)
+    spec, st = _run(main, PROMPTS[:4], config, draft=main, k=4)
+    assert [r.output_ids for r in plain] == [r.output_ids for r in spec]
+    assert st.acceptance_rate > 0.99
+    assert st.tokens_per_step > 4.5
+
+
+def test_speculative_respects_stop_strings_and_eos(main_and_draft):
+    main, draft = main_and_draft
+    plain_out, _ = _run(main, PROMPTS[:4], GenerationConfig(max_generated_tokens=60))
+    stop = plain_out[0].text[10:13]
+    config = GenerationConfig(max_generated_tokens=60, stop=[stop])
+    plain, _ = _run(main, PROMPTS[:4], config)
+    spec, _ = _run(main, PROMPTS[:4], config, draft=draft, k=5)
+    for a, b in zip(plain, spec, strict=True):
+        assert (a.text, a.finished_reason, a.output_ids) == (b.text, b.finished_reason, b.output_ids)
+    assert spec[0].finished_reason == "stop" and stop not in spec[0].text
+
+
+def test_speculative_sampling_matches_model_distribution(main_and_draft):
+    """Chi-square over the joint distribution of the first two sampled tokens."""
+    main, _ = main_and_draft
+    draft = _perturbed(main, 0.3)
+    # 3 tokens: the first comes from the prefill; the second is drafted and verified.
+    config = dict(deterministic=False, sampling_temperature=1.5, top_k=4, max_generated_tokens=3,
+                  force_max_tokens=True)
+    prompt = main.tokenizer.encode("def fibonacci(n):")
+    # Exact joint distribution P(t1, t2) from the main model alone.
+    engine = Engine(main, sequence_length=64)
+    dist = make_distribution(GenerationConfig(**config))
+    seq = engine.add_sequence()
+    p1 = dist(engine.prefill(seq, prompt)[0], prompt)
+    exact = {}
+    for t1 in np.flatnonzero(p1):
+        engine.trim(seq, len(prompt))
+        p2 = dist(engine.decode_step([seq], [int(t1)])[0], prompt + [int(t1)])
+        for t2 in np.flatnonzero(p2):
+            exact[(int(t1), int(t2))] = p1[t1] * p2[t2]
+    draws = 1500
+    engine = Engine(main, sequence_length=64, max_sequences=16)
+    gen = BatchGenerator(engine, main.tokenizer, [], draft=Engine(draft, sequence_length=64,
+                         max_sequences=16), num_speculative_tokens=2)
+    reqs = [GenerationRequest(prompt, GenerationConfig(seed=i, **config)) for i in range(draws)]
+    gen.run(reqs)
+    assert gen.speculation.proposed > 0
+    assert 0 < gen.speculation.accepted < gen.speculation.proposed  # both paths exercised
+    cells = sorted(exact)
+    counts = np.zeros(len(cells))
+    for r in reqs:
+        counts[cells.index(tuple(r.output_ids[:2]))] += 1
+    expected = np.array([exact[c] for c in cells]) * draws
+    keep = expected >= 5  # chi-square validity; pool the rare cells
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(expected[keep], expected[~keep].sum())
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_pipeline_speculative_and_vocab_check(tiny_model_dir, tmp_path):
+    folder = tiny_model_dir("llama")
+    base = Pipeline.create(model_path=folder, sequence_length=128, max_generated_tokens=24)
+    spec = Pipeline.create(model_path=folder, sequence_length=128, max_generated_tokens=24,
+                           draft_model_path=tiny_model_dir("qwen2"), num_speculative_tokens=3)
+    assert base(PROMPTS[:3]).sequences == spec(PROMPTS[:3]).sequences
+    # A draft with another vocabulary is refused with a clear error.
+    import json
+    import shutil
+
+    other = tmp_path / "other_vocab"
+    shutil.copytree(folder, other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[10:12]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match="vocabulary differs"):
+        Pipeline.create(model_path=folder, draft_model_path=other)
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_speculative_identical(smollm2_checkpoint):
+    """20 varied prompts x 128 tokens: a self-draft that is perturbed still gives identical text."""
+    draft = _perturbed(smollm2_checkpoint, 0.1)
+    config = GenerationConfig(max_generated_tokens=128, force_max_tokens=True)
+    plain, _ = _run(smollm2_checkpoint, PROMPTS, config, batch=4)
+    spec, st = _run(smollm2_checkpoint, PROMPTS, config, draft=draft, k=4, batch=4)
+    assert [r.output_ids for r in plain] == [r.output_ids for r in spec]
+    assert st.acceptance_rate > 0.3
