@@ -111,7 +111,8 @@ def test_speculative_respects_stop_strings_and_eos(main_and_draft):
     plain, _ = _run(main, PROMPTS[:4], config)
     spec, _ = _run(main, PROMPTS[:4], config, draft=draft, k=5)
     for a, b in zip(plain, spec, strict=True):
-        assert (a.text, a.finished_reason, a.output_ids) == (b.text, b.finished_reason, b.output_ids)
+        assert (a.text, a.finished_reason, a.output_ids) == \
+            (b.text, b.finished_reason, b.output_ids)
     assert spec[0].finished_reason == "stop" and stop not in spec[0].text
 
 
