@@ -42,6 +42,7 @@ class GenerationRequest:
     prompt_ids: list[int]
     config: GenerationConfig
     return_logits: bool = False
+    logprobs: int | None = None  # record each token's log-probability and this many top ones
     on_event: Callable[[TokenEvent], None] | None = None
     id: int = field(default_factory=itertools.count().__next__)
     # state, filled in while generating
@@ -50,6 +51,8 @@ class GenerationRequest:
     text: str = ""  # all text produced so far, stop strings removed
     finished_reason: str | None = None
     logits: list[np.ndarray] = field(default_factory=list)  # rows (n, vocab), when return_logits
+    # per generated token: (its log-probability, {token id: log-probability} of the top ones)
+    token_logprobs: list[tuple[float, dict[int, float]]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -226,6 +229,8 @@ class BatchGenerator:
         live.next_token = None
         if r.return_logits:
             r.logits.append(logits[None].copy())
+        if r.logprobs is not None:
+            r.token_logprobs.append(_logprobs(logits, token, r.logprobs))
         r.output_ids.append(token)
         cfg = r.config
         if token in self.eos_token_ids and not cfg.force_max_tokens:
@@ -283,3 +288,13 @@ def _draw_from(probs: np.ndarray, sampler: Sampler) -> int:
     if sampler.config.deterministic:
         return int(np.argmax(probs))
     return sampler.draw(probs)
+
+
+def _logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, dict[int, float]]:
+    """The model's log-probability of `token` (before sampling filters) and the `top` best."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    logp = x - (m + np.log(np.exp(x - m).sum()))
+    best = np.argpartition(-logp, top)[:top] if top else np.array([], dtype=np.int64)
+    best = best[np.argsort(-logp[best])]
+    return float(logp[token]), {int(i): float(logp[i]) for i in best}
