@@ -1,0 +1,174 @@
+"""BatchGenerator: finish reasons, stop strings, EOS, streaming events, batching.
+
+A scripted engine (logits that force a chosen token sequence) makes the stopping rules exact;
+the tiny real model checks batching and logits end to end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparsellm.engine import ContextLengthError, Engine
+from sparsellm.generation import BatchGenerator, GenerationConfig, GenerationRequest
+from sparsellm.models import load_checkpoint
+from sparsellm.tokenizer import Tokenizer
+
+
+class _Cache:
+    def __init__(self, n):
+        self.free = n
+
+    @property
+    def num_free(self):
+        return self.free
+
+
+class ScriptedEngine:
+    """Engine stand-in whose logits make greedy decoding emit `script`, token by token."""
+
+    def __init__(self, script, vocab_size, sequence_length=64, max_sequences=4):
+        self.script, self.vocab_size, self.sequence_length = script, vocab_size, sequence_length
+        self.cache = _Cache(max_sequences)
+        self.lengths, self.fed = {}, {}
+        self.next_slot = 0
+
+    def add_sequence(self):
+        self.cache.free -= 1
+        self.next_slot += 1
+        self.lengths[self.next_slot], self.fed[self.next_slot] = 0, 0
+        return self.next_slot
+
+    def release(self, seq):
+        self.cache.free += 1
+
+    def length(self, seq):
+        return self.lengths[seq]
+
+    def _row(self, seq):
+        row = np.zeros(self.vocab_size, dtype=np.float32)
+        row[self.script[min(self.fed[seq], len(self.script) - 1)]] = 10.0
+        return row
+
+    def prefill(self, seq, tokens, all_logits=False):
+        if self.lengths[seq]:  # feeding a generated token (the last one, for return_logits)
+            self.fed[seq] += len(tokens)
+        self.lengths[seq] += len(tokens)
+        rows = np.stack([self._row(seq)] * (len(tokens) if all_logits else 1))
+        return rows
+
+    def decode_step(self, seqs, tokens):
+        out = []
+        for s, t in zip(seqs, tokens, strict=True):
+            assert t == self.script[min(self.fed[s], len(self.script) - 1)]
+            self.fed[s] += 1
+            self.lengths[s] += 1
+            out.append(self._row(s))
+        return np.stack(out)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_tokenizer_dir):
+    return Tokenizer.from_files(tiny_tokenizer_dir)
+
+
+def run(tok, text_or_ids, eos=(), prompt="Q:", seq_len=64, **cfg):
+    script = tok.encode(text_or_ids, False) if isinstance(text_or_ids, str) else text_or_ids
+    gen = BatchGenerator(ScriptedEngine(script, len(tok), seq_len), tok, eos)
+    events = []
+    req = GenerationRequest(tok.encode(prompt), GenerationConfig(**cfg), on_event=events.append)
+    gen.run([req])
+    return req, events
+
+
+def test_stop_string_is_excluded_and_never_streamed(tok):
+    req, events = run(tok, "x = 1\n###\nmore text", stop=["###"], max_generated_tokens=50)
+    assert req.finished_reason == "stop"
+    assert req.text == "x = 1\n"
+    streamed = "".join(e.text for e in events)
+    assert streamed == req.text and "#" not in streamed
+    assert [e.finished_reason for e in events][-1] == "stop"
+    assert all(e.finished_reason is None for e in events[:-1])
+
+
+def test_partial_stop_string_is_released_when_it_does_not_complete(tok):
+    text = "a ## b # c #"
+    req, events = run(tok, text, stop=["###"], max_generated_tokens=len(tok.encode(text, False)))
+    assert req.finished_reason == "length"
+    assert req.text == text  # the held-back trailing "#" is released at the end
+    assert "".join(e.text for e in events) == req.text
+
+
+def test_eos_finishes_with_stop_and_is_not_text(tok):
+    eos = tok.token_to_id("<|im_end|>")
+    script = tok.encode("hello there", False) + [eos] + tok.encode(" after", False)
+    req, events = run(tok, script, eos=[eos], max_generated_tokens=50)
+    assert req.finished_reason == "stop" and req.text == "hello there"
+    assert req.output_ids[-1] == eos and len(req.output_ids) == script.index(eos) + 1
+    forced, _ = run(tok, script, eos=[eos], max_generated_tokens=len(script),
+                    force_max_tokens=True)
+    assert forced.finished_reason == "length" and forced.output_ids == script
+    assert forced.text == "hello there after"
+
+
+def test_max_generated_tokens_gives_length(tok):
+    req, _ = run(tok, "one two three four five six", max_generated_tokens=3)
+    assert req.finished_reason == "length" and len(req.output_ids) == 3
+
+
+def test_capacity(tok):
+    prompt_len = len(tok.encode("Q:"))
+    req, _ = run(tok, "one two three four five six seven", seq_len=prompt_len + 4,
+                 max_generated_tokens=100)
+    assert req.finished_reason == "capacity"
+    assert len(req.prompt_ids) + len(req.output_ids) == prompt_len + 4
+
+
+def test_streamed_text_never_splits_multibyte_characters(tok):
+    eos = tok.token_to_id("<|im_end|>")
+    script = tok.encode("emoji 😀 and 日本語!", False) + [eos]
+    req, events = run(tok, script, eos=[eos], max_generated_tokens=100)
+    assert all("\ufffd" not in e.text for e in events)
+    assert "".join(e.text for e in events) == req.text == "emoji 😀 and 日本語!"
+    assert any(e.text == "" for e in events)  # some tokens carried only part of a character
+
+
+def test_prompt_too_long_or_empty(tok):
+    gen = BatchGenerator(ScriptedEngine([5], len(tok), sequence_length=4), tok)
+    with pytest.raises(ContextLengthError, match=r"the prompt has 4 tokens but sequence_length "
+                                                 r"is 4: no room to generate"):
+        gen.add(GenerationRequest([5, 6, 7, 8], GenerationConfig()))
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        gen.add(GenerationRequest([], GenerationConfig()))
+
+
+def test_cancel_frees_the_slot(tok):
+    engine = ScriptedEngine(tok.encode("a b c d e f", False), len(tok), max_sequences=1)
+    gen = BatchGenerator(engine, tok)
+    a = gen.add(GenerationRequest(tok.encode("x"), GenerationConfig(max_generated_tokens=3)))
+    b = gen.add(GenerationRequest(tok.encode("y"), GenerationConfig(max_generated_tokens=3)))
+    gen.step()
+    gen.cancel(a)
+    assert a.finished_reason == "cancelled" and engine.cache.num_free == 1
+    while gen.has_work:
+        gen.step()
+    assert b.finished_reason == "length"
+
+
+# ---- the tiny real model ------------------------------------------------------------------------
+def test_batch_of_prompts_equals_each_alone(tiny_model_dir):
+    ck = load_checkpoint(tiny_model_dir("llama"))
+    prompts = ["def f(x):", "import os\nimport sys\n\nclass A", "x", "The quick brown fox jumps"]
+    ids = [ck.tokenizer.encode(p) for p in prompts]
+    assert len({len(i) for i in ids}) == 4
+    cfg = GenerationConfig(max_generated_tokens=12, force_max_tokens=True)
+    batch = BatchGenerator(Engine(ck, sequence_length=40, max_sequences=4), ck.tokenizer)
+    together = batch.run([GenerationRequest(i, cfg) for i in ids])
+    for i, r in zip(ids, together, strict=True):
+        alone = BatchGenerator(Engine(ck, sequence_length=40), ck.tokenizer)
+        (single,) = alone.run([GenerationRequest(i, cfg)])
+        assert r.output_ids == single.output_ids and r.text == single.text
+    # more requests than slots: queued and admitted as slots free up, same results
+    small = BatchGenerator(Engine(ck, sequence_length=40, max_sequences=2), ck.tokenizer)
+    queued = small.run([GenerationRequest(i, cfg) for i in ids])
+    assert [r.output_ids for r in queued] == [r.output_ids for r in together]

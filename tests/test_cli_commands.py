@@ -1,0 +1,90 @@
+"""The `sparsellm` command (generate, models) run as a user would: `python -m sparsellm.cli` in a
+subprocess. (Named test_cli_commands.py: tests/evaluation/test_cli.py owns the basename.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def sparsellm(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "sparsellm.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_generate_streams_text_and_prints_summary(tiny_llama_dir):
+    from sparsellm import Pipeline
+
+    expected = Pipeline.create(model_path=str(tiny_llama_dir), sequence_length=64,
+                               max_generated_tokens=12)("def f(x):")
+    r = sparsellm("generate", str(tiny_llama_dir), "def f(x):", "--max-generated-tokens", "12",
+                  "--sequence-length", "64")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "def f(x):" + expected.sequences[0] + "\n"
+    summary = r.stderr.strip().splitlines()[-1]
+    assert summary.startswith("[") and "tok/s" in summary and "prompt tokens" in summary
+    assert f"finished: {expected.generations[0].finished_reason}" in summary
+
+
+def test_generate_sampling_and_chat_flags(tiny_llama_dir):
+    args = ["generate", str(tiny_llama_dir), "hello", "--max-new-tokens", "8", "--temperature",
+            "0.9", "--top-p", "0.9", "--top-k", "20", "--seed", "3", "--force-max-tokens"]
+    a, b = sparsellm(*args), sparsellm(*args)
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout and "8 generated" in a.stderr
+    chat = sparsellm("generate", str(tiny_llama_dir), "hello", "--chat", "--system", "be brief",
+                     "--max-new-tokens", "4")
+    assert chat.returncode == 0, chat.stderr
+    assert "finished:" in chat.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["generate", "/no/such/model.gguf", "hi"], "model path '/no/such/model.gguf' does not exist"),
+    (["generate", "smollm9-1t", "hi"], "model path 'smollm9-1t' does not exist"),
+    (["generate", "{tiny}", "hi", "--temperature", "0"],
+     "invalid sampling_temperature=0.0: sampling needs a finite temperature > 0"),
+    (["generate", "{tiny}", "word " * 40, "--sequence-length", "16"],
+     "but sequence_length is 16: no room to generate"),
+    (["generate", "{tiny}", "a", "b"], "expected [MODEL] PROMPT"),
+    (["generate", "{tiny}", "hi", "--max-new-tokens", "0"], "invalid max_generated_tokens=0"),
+])
+def test_errors_exit_2_with_one_clear_line(args, message, tiny_llama_dir):
+    r = sparsellm(*[a.replace("{tiny}", str(tiny_llama_dir)) for a in args])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("sparsellm generate: error: ") and message in lines[0]
+
+
+def test_bin_weights_error(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80")
+    r = sparsellm("generate", str(tmp_path / "pytorch_model.bin"), "hi")
+    assert r.returncode == 2 and "refusing pickle weights" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_models_lists_registry_and_architectures():
+    r = sparsellm("models")
+    assert r.returncode == 0, r.stderr
+    assert "smollm2-135m-instruct" in r.stdout
+    assert ("installed" in r.stdout) or ("missing" in r.stdout)
+    r = sparsellm("models", "--architectures")
+    assert r.returncode == 0
+    for name in ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "qwen2"]:
+        assert name in r.stdout
+
+
+@pytest.mark.slow
+def test_generate_with_default_model(smollm2_path):
+    r = sparsellm("generate", "def fibonacci(n):", "--max-generated-tokens", "24", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("def fibonacci(n):") and len(r.stdout) > len("def fibonacci(n):")
+    assert "tok/s" in r.stderr and "24 generated" in r.stderr or "finished: stop" in r.stderr
