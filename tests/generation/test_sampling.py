@@ -63,8 +63,16 @@ def test_repetition_penalty(logits, penalty):
 
 
 def test_temperature(logits):
-    np.testing.assert_allclose(temperature(0.5)(logits, []),
-                               _hf(TemperatureLogitsWarper(0.5), logits), rtol=1e-6)
+    # Our processor also shifts the logits (no overflow for tiny t): compare distributions.
+    np.testing.assert_allclose(softmax(temperature(0.5)(logits, [])),
+                               softmax(_hf(TemperatureLogitsWarper(0.5), logits)), rtol=1e-6)
+
+
+def test_extreme_temperature_and_penalty_give_valid_distributions(logits):
+    for cfg in [dict(sampling_temperature=5e-324), dict(repetition_penalty=1e-300),
+                dict(repetition_penalty=1e300, sampling_temperature=1e-300, top_p=0.5)]:
+        probs = make_distribution(GenerationConfig(deterministic=False, **cfg))(logits, [1, 2, 3])
+        assert np.isfinite(probs).all() and np.isclose(probs.sum(), 1.0)
 
 
 def test_distribution_composes_penalty_temperature_top_k_top_p(logits):

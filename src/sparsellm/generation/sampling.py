@@ -14,6 +14,7 @@ import numpy as np
 from .config import GenerationConfig
 
 LogitsProcessor = Callable[[np.ndarray, Sequence[int]], np.ndarray]
+_HUGE = 1e300
 
 
 def repetition_penalty(penalty: float) -> LogitsProcessor:
@@ -23,16 +24,25 @@ def repetition_penalty(penalty: float) -> LogitsProcessor:
         if not len(history):
             return logits
         ids = np.unique(np.asarray(history))
-        seen = logits[ids]
-        logits = logits.copy()
-        logits[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
+        seen = logits[ids].astype(np.float64)
+        logits = logits.astype(np.float64)
+        with np.errstate(over="ignore", divide="ignore"):
+            penalized = np.where(seen > 0, seen / penalty, seen * penalty)
+        logits[ids] = np.clip(penalized, -_HUGE, _HUGE)  # extreme penalties stay finite
         return logits
 
     return apply
 
 
 def temperature(t: float) -> LogitsProcessor:
-    return lambda logits, history: logits / t
+    # Shift before scaling: a tiny t then sends the best logit to 0 and the rest towards -inf
+    # instead of overflowing to +inf (same distribution, no NaN).
+    def apply(logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        x = np.asarray(logits, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            return (x - x.max()) / t
+
+    return apply
 
 
 def top_k(k: int) -> LogitsProcessor:
@@ -74,7 +84,11 @@ def make_logits_processors(config: GenerationConfig) -> list[LogitsProcessor]:
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax in float64; +inf logits (an extreme repetition penalty) share all the mass."""
     x = np.asarray(x, dtype=np.float64)
+    top = np.isposinf(x)
+    if top.any():
+        x = np.where(top, 0.0, -np.inf)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
