@@ -1,0 +1,67 @@
+"""`sparsellm serve`: an HTTP server with DeepSparse's /predict and an OpenAI-compatible API.
+
+    sparsellm serve --task text-generation --model_path smollm2-135m-instruct   # 127.0.0.1:5543
+    sparsellm serve --config-file config.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from ..models import DEFAULT_MODEL
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", default=None, help="text-generation (the default)")
+    p.add_argument("--model_path", "--model-path", dest="model_path", default=None,
+                   help=f"model to serve (path, GGUF, registry name; default {DEFAULT_MODEL})")
+    p.add_argument("--config-file", "--config_file", dest="config_file", default=None,
+                   help="YAML file with `endpoints` (task, model, route, name, kwargs) and "
+                        "any of the settings below")
+    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (default 5543)")
+    p.add_argument("--integration", choices=["local", "openai"], default=None,
+                   help="only /predict (local) or only /v1 (openai); default both")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $SPARSELLM_API_KEY)")
+    p.add_argument("--max-concurrent-requests", type=int, default=None,
+                   help="sequences generated together per model = engine batch slots (default 4)")
+    p.add_argument("--max-queue", type=int, default=None,
+                   help="requests waiting for a slot per model before 429s (default 64)")
+    p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("--sequence-length", type=int, default=None,
+                   help="tokens per sequence, prompt + generated (default 1024)")
+    p.add_argument("--max-request-bytes", type=int, default=None,
+                   help="largest request body accepted (default 1 MiB)")
+    p.add_argument("--drain-timeout", type=float, default=None,
+                   help="seconds SIGTERM waits for in-flight requests (default 30)")
+    p.add_argument("--log-level", default=None,
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..server.app import serve
+    from ..server.config import ServerConfig
+
+    overrides = dict(
+        host=args.host, port=args.port, integration=args.integration,
+        api_key=args.api_key or os.environ.get("SPARSELLM_API_KEY") or None,
+        max_concurrent_requests=args.max_concurrent_requests, max_queue=args.max_queue,
+        num_cores=args.num_cores, log_level=args.log_level,
+        max_request_bytes=args.max_request_bytes, drain_timeout=args.drain_timeout,
+    )
+    if args.config_file is None or args.model_path is not None:
+        endpoint: dict = {"task": args.task or "text-generation",
+                          "model": args.model_path or DEFAULT_MODEL}
+        if args.sequence_length is not None:
+            endpoint["kwargs"] = {"sequence_length": args.sequence_length}
+        overrides["endpoints"] = [endpoint]
+    elif args.task is not None or args.sequence_length is not None:
+        raise ValueError("--task/--sequence-length go with --model_path; with --config-file "
+                         "set them per endpoint")
+    config = ServerConfig.load(args.config_file, **overrides)
+    logging.basicConfig(level=config.log_level.upper() if config.log_level != "trace"
+                        else "DEBUG", format="%(levelname)s:     %(name)s: %(message)s")
+    return serve(config)

@@ -1,0 +1,154 @@
+"""Server settings: one strict model for the config file and the command line.
+
+    endpoints:
+      - task: text-generation
+        model: ./smollm2-pruned50-quant
+        route: /generate
+        name: text-generation
+        kwargs: {sequence_length: 256, max_generated_tokens: 32}
+
+Model paths come only from here (the command line or the config file), never from a request.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..generation import GenerationConfig
+from ..pipeline import TEXT_GENERATION_TASKS
+
+# TextGeneration constructor arguments an endpoint's kwargs may set (besides generation defaults).
+ENGINE_KWARGS = {
+    "sequence_length", "prompt_processing_sequence_length", "batch_size", "num_cores",
+    "internal_kv_cache", "draft_model_path", "num_speculative_tokens",
+}
+RESERVED_ROUTES = {"/", "/health", "/metrics", "/docs", "/redoc", "/openapi.json", "/playground"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_ROUTE = re.compile(r"^/[A-Za-z0-9._~/-]*$")
+
+
+class EndpointConfig(BaseModel):
+    """One served model. `name` is what OpenAI requests put in `model`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = "text-generation"
+    model: str
+    route: str | None = None
+    name: str | None = None
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("task")
+    @classmethod
+    def _task(cls, v: str) -> str:
+        if v.lower() not in TEXT_GENERATION_TASKS:
+            raise ValueError(f"unknown task {v!r}; supported: {', '.join(TEXT_GENERATION_TASKS)}")
+        return v
+
+    @field_validator("route")
+    @classmethod
+    def _route(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = v if v.startswith("/") else "/" + v
+        if not _ROUTE.match(v) or v.startswith("/v1/") or v in RESERVED_ROUTES:
+            raise ValueError(f"invalid route {v!r}: a path like /generate, not a built-in route")
+        return v.rstrip("/") or v
+
+    @field_validator("kwargs")
+    @classmethod
+    def _kwargs(cls, v: dict[str, Any]) -> dict[str, Any]:
+        generation = {k: x for k, x in v.items() if k in GenerationConfig.names()}
+        unknown = set(v) - set(generation) - ENGINE_KWARGS
+        if unknown:
+            raise ValueError(f"unknown kwargs {sorted(unknown)}; accepted: "
+                             f"{sorted(ENGINE_KWARGS | GenerationConfig.names())}")
+        GenerationConfig.from_kwargs(**generation)  # fail at startup, not on the first request
+        return v
+
+    @model_validator(mode="after")
+    def _name(self) -> EndpointConfig:
+        if self.name is None:
+            self.name = default_model_name(self.model)
+        if not _NAME.match(self.name):
+            raise ValueError(f"invalid endpoint name {self.name!r}: use letters, digits, . _ - : /")
+        return self
+
+
+class ServerConfig(BaseModel):
+    """Everything `sparsellm serve` needs; the config file has the same keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoints: list[EndpointConfig] = Field(min_length=1)
+    host: str = "127.0.0.1"
+    port: int = Field(5543, ge=0, le=65535)
+    integration: Literal["local", "openai"] | None = None  # None: both route sets
+    api_key: str | None = None
+    max_concurrent_requests: int = Field(4, ge=1, le=256)  # engine batch slots per model
+    max_queue: int = Field(64, ge=0, le=100_000)  # requests waiting for a slot, per model
+    num_cores: int | None = Field(None, ge=1)
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    max_request_bytes: int = Field(1 << 20, ge=1024)
+    drain_timeout: float = Field(30.0, ge=0)  # seconds SIGTERM waits for in-flight requests
+    max_n: int = Field(8, ge=1, le=128)  # cap on OpenAI `n`
+
+    @model_validator(mode="after")
+    def _unique(self) -> ServerConfig:
+        names = [e.name for e in self.endpoints]
+        routes = [e.route for e in self.endpoints if e.route]
+        if len(set(names)) != len(names):
+            raise ValueError(f"endpoint names must be unique, got {names}")
+        if len(set(routes)) != len(routes) or "/predict" in routes[1:]:
+            raise ValueError(f"endpoint routes must be unique, got {routes}")
+        return self
+
+    @property
+    def openai_routes(self) -> bool:
+        return self.integration in (None, "openai")
+
+    @property
+    def local_routes(self) -> bool:
+        return self.integration in (None, "local")
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> ServerConfig:
+        """Read a YAML config file (if any) and apply command-line `overrides` (None = unset)."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            text = Path(path).read_text()
+            data = yaml.safe_load(text) or {}
+            if not isinstance(data, dict):
+                raise ValueError(f"{path}: expected a mapping with an `endpoints` list")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            where = f"{path}: " if path else ""
+            lines = [f"{'.'.join(map(str, err['loc'])) or 'config'}: "
+                     f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors()]
+            raise ValueError(where + "invalid server config: " + "; ".join(lines)) from None
+
+
+def default_model_name(model: str) -> str:
+    """`./models/smollm2-pruned50-quant` -> `smollm2-pruned50-quant`; `x/model.gguf` -> `model`."""
+    name = Path(model.rstrip("/")).name or model
+    name = name.removesuffix(".gguf")
+    name = re.sub(r"[^A-Za-z0-9._:/-]", "-", name).lstrip("._-:/")
+    return name or "model"
+
+
+def endpoint_routes(config: ServerConfig, index: int) -> list[str]:
+    """/predict serves the first endpoint; every endpoint also serves its own `route`."""
+    e = config.endpoints[index]
+    routes = ["/predict"] if index == 0 else []
+    if e.route and e.route not in routes:
+        routes.append(e.route)
+    if not routes:
+        routes.append(f"/{e.name}/predict")
+    return routes

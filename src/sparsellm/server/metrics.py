@@ -1,0 +1,105 @@
+"""Prometheus text-format metrics, kept by hand (no client library needed)."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """Counters and a time-to-first-token histogram; safe to update from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: defaultdict[tuple[str, str, int], int] = defaultdict(int)
+        self.errors: defaultdict[int, int] = defaultdict(int)
+        self.tokens: defaultdict[str, int] = defaultdict(int)
+        self.prompt_tokens: defaultdict[str, int] = defaultdict(int)
+        self.disconnects = 0
+        self.stream_errors = 0
+        self.ttft_buckets: defaultdict[str, list[int]] = defaultdict(
+            lambda: [0] * len(TTFT_BUCKETS))
+        self.ttft_sum: defaultdict[str, float] = defaultdict(float)
+        self.ttft_count: defaultdict[str, int] = defaultdict(int)
+
+    def count_request(self, method: str, route: str, status: int) -> None:
+        with self._lock:
+            self.requests[(method, route, status)] += 1
+            if status >= 400:
+                self.errors[status] += 1
+
+    def add_tokens(self, model: str, n: int) -> None:
+        with self._lock:
+            self.tokens[model] += n
+
+    def add_prompt_tokens(self, model: str, n: int) -> None:
+        with self._lock:
+            self.prompt_tokens[model] += n
+
+    def add_disconnect(self) -> None:
+        with self._lock:
+            self.disconnects += 1
+
+    def add_stream_error(self) -> None:
+        with self._lock:
+            self.stream_errors += 1
+
+    def observe_ttft(self, model: str, seconds: float) -> None:
+        with self._lock:
+            for i, bound in enumerate(TTFT_BUCKETS):
+                if seconds <= bound:
+                    self.ttft_buckets[model][i] += 1
+            self.ttft_sum[model] += seconds
+            self.ttft_count[model] += 1
+
+    def render(self, gauges: Callable[[], dict[str, tuple[int, int]]] | None = None) -> str:
+        """Prometheus exposition text; `gauges()` -> {model: (active, waiting)}."""
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_text: str) -> None:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+
+        with self._lock:
+            family("sparsellm_requests_total", "counter", "HTTP requests by route and status")
+            for (method, route, status), n in sorted(self.requests.items()):
+                out.append(f'sparsellm_requests_total{{method="{method}",route="{route}",'
+                           f'status="{status}"}} {n}')
+            family("sparsellm_errors_total", "counter",
+                   "HTTP responses with status >= 400, and errors sent inside streams")
+            for status, n in sorted(self.errors.items()):
+                out.append(f'sparsellm_errors_total{{status="{status}"}} {n}')
+            out.append(f'sparsellm_errors_total{{status="stream"}} {self.stream_errors}')
+            family("sparsellm_client_disconnects_total", "counter",
+                   "requests whose client went away before the end (generation cancelled)")
+            out.append(f"sparsellm_client_disconnects_total {self.disconnects}")
+            family("sparsellm_generated_tokens_total", "counter", "tokens generated")
+            for model, n in sorted(self.tokens.items()):
+                out.append(f'sparsellm_generated_tokens_total{{model="{model}"}} {n}')
+            family("sparsellm_prompt_tokens_total", "counter", "prompt tokens processed")
+            for model, n in sorted(self.prompt_tokens.items()):
+                out.append(f'sparsellm_prompt_tokens_total{{model="{model}"}} {n}')
+            family("sparsellm_time_to_first_token_seconds", "histogram",
+                   "from submission to the first generated token")
+            for model in sorted(self.ttft_count):
+                for bound, n in zip(TTFT_BUCKETS, self.ttft_buckets[model], strict=True):
+                    out.append(f'sparsellm_time_to_first_token_seconds_bucket{{model="{model}",'
+                               f'le="{bound}"}} {n}')
+                out.append(f'sparsellm_time_to_first_token_seconds_bucket{{model="{model}",'
+                           f'le="+Inf"}} {self.ttft_count[model]}')
+                out.append(f'sparsellm_time_to_first_token_seconds_sum{{model="{model}"}} '
+                           f'{self.ttft_sum[model]:.6f}')
+                out.append(f'sparsellm_time_to_first_token_seconds_count{{model="{model}"}} '
+                           f'{self.ttft_count[model]}')
+        if gauges is not None:
+            counts = gauges()
+            family("sparsellm_active_requests", "gauge", "sequences in engine batch slots")
+            for model, (active, _) in sorted(counts.items()):
+                out.append(f'sparsellm_active_requests{{model="{model}"}} {active}')
+            family("sparsellm_queue_depth", "gauge", "requests waiting for a batch slot")
+            for model, (_, waiting) in sorted(counts.items()):
+                out.append(f'sparsellm_queue_depth{{model="{model}"}} {waiting}')
+        return "\n".join(out) + "\n"

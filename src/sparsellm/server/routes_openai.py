@@ -1,0 +1,256 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+Handlers only translate: OpenAI fields -> generation settings and requests, results and events
+-> OpenAI's response and chunk shapes. Generation itself is the scheduler's.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from ..generation import GenerationRequest
+from .errors import APIError
+from .provider import ServedModel
+from .scheduler import StreamEvent
+from .schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    _Sampling,
+    finite,
+)
+from .state import OPENAI_FINISH, Result, ServerState
+
+# Each server-sent event: `data: <JSON chunk>` (or `data: [DONE]`).
+STREAM_CONTENT = {"text/event-stream": {"schema": {
+    "type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}}}
+
+
+def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None:
+    stream_responses = {**responses, 200: {"content": STREAM_CONTENT,
+                                           "description": "JSON, or server-sent events when "
+                                                          "stream is true"}}
+
+    @app.get("/v1/models", response_model=ModelList, responses=responses, tags=["openai"])
+    async def list_models() -> ModelList:
+        """The served endpoint names: what `model` selects."""
+        created = {name: m.created for name, m in state.models.items()}
+        return ModelList(data=[ModelCard(id=e.name, created=created.get(e.name, 0))
+                               for e in state.endpoints])
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=stream_responses,
+              tags=["openai"])
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        """Text completion for a prompt (or a list of prompts), `n` choices each."""
+        served = _check_common(state, body)
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        prompt_ids = [state.encode(served, p, "prompt") for p in prompts]
+        requests = _requests(state, served, body, prompt_ids, body.max_tokens, "prompt",
+                             body.logprobs)
+        submission = state.submit(served, requests)
+        tok = served.pipeline.tokenizer
+        meta = _meta("cmpl", served)
+        n_prompt = sum(len(ids) for ids in prompt_ids)
+        if not body.stream:
+            results = await state.collect(request, served, submission)
+            choices = []
+            for i, r in enumerate(results):
+                echo = prompts[i // body.n] if body.echo else ""
+                choices.append(CompletionChoice(
+                    index=i, text=echo + r.text, finish_reason=_finish(r.finished_reason),
+                    logprobs=_completion_logprobs(tok, r, len(echo))
+                    if body.logprobs is not None else None))
+            return CompletionResponse(**meta, choices=choices, usage=_usage(n_prompt, results))
+
+        counts = _StreamCounts(len(requests))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+            out = {**meta, "object": "text_completion", "choices": choices}
+            return {**out, "usage": None} if include_usage else out
+
+        def on_event(i: int, ev: StreamEvent) -> list[dict[str, Any]]:
+            text = ev.text
+            if counts.first(i) and body.echo:
+                text = prompts[i // body.n] + text
+            counts.add(ev)
+            lp = None
+            if ev.logprob is not None and ev.token_id is not None:
+                r = Result(token_ids=[ev.token_id],
+                           logprobs=[(ev.token_id, *ev.logprob)])
+                lp = _completion_logprobs(tok, r, counts.offset(i, text)).model_dump()
+            if not text and lp is None and ev.finished_reason is None:
+                return []
+            return [chunk([{"index": i, "text": text, "logprobs": lp,
+                            "finish_reason": _finish(ev.finished_reason)}])]
+
+        def closing() -> list[dict[str, Any]]:
+            return [chunk([]) | {"usage": counts.usage(n_prompt)}] if include_usage else []
+
+        return state.stream(served, submission, on_event, closing)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses=stream_responses, tags=["openai"])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        """A chat reply: the messages go through the model's chat template."""
+        served = _check_common(state, body)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        messages = [m.as_template_input() for m in body.messages]
+        prompt_ids = [state.encode(served, messages, "messages")]
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        requests = _requests(state, served, body, prompt_ids, max_tokens, "messages", logprobs)
+        submission = state.submit(served, requests)
+        tok = served.pipeline.tokenizer
+        meta = _meta("chatcmpl", served)
+        n_prompt = len(prompt_ids[0])
+        if not body.stream:
+            results = await state.collect(request, served, submission)
+            choices = [ChatChoice(index=i, message=AssistantMessage(content=r.text),
+                                  finish_reason=_finish(r.finished_reason),
+                                  logprobs=_chat_logprobs(tok, r) if body.logprobs else None)
+                       for i, r in enumerate(results)]
+            return ChatCompletionResponse(**meta, choices=choices,
+                                          usage=_usage(n_prompt, results))
+
+        counts = _StreamCounts(len(requests))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+            out = {**meta, "object": "chat.completion.chunk", "choices": choices}
+            return {**out, "usage": None} if include_usage else out
+
+        def on_event(i: int, ev: StreamEvent) -> list[dict[str, Any]]:
+            out = []
+            if counts.first(i):
+                out.append(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                   "logprobs": None, "finish_reason": None}]))
+            counts.add(ev)
+            lp = None
+            if ev.logprob is not None and ev.token_id is not None:
+                r = Result(token_ids=[ev.token_id], logprobs=[(ev.token_id, *ev.logprob)])
+                lp = _chat_logprobs(tok, r).model_dump()
+            if ev.text or lp is not None:
+                out.append(chunk([{"index": i, "delta": {"content": ev.text}, "logprobs": lp,
+                                   "finish_reason": None}]))
+            if ev.finished_reason is not None:
+                out.append(chunk([{"index": i, "delta": {}, "logprobs": None,
+                                   "finish_reason": _finish(ev.finished_reason)}]))
+            return out
+
+        def closing() -> list[dict[str, Any]]:
+            return [chunk([]) | {"usage": counts.usage(n_prompt)}] if include_usage else []
+
+        return state.stream(served, submission, on_event, closing)
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def _check_common(state: ServerState, body: _Sampling) -> ServedModel:
+    if body.n > state.config.max_n:
+        raise APIError(400, f"n must be at most {state.config.max_n}, got {body.n}", param="n")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true",
+                       param="stream_options")
+    return state.model(body.model)
+
+
+def _requests(state: ServerState, served: ServedModel, body: _Sampling,
+              prompt_ids: list[list[int]], max_tokens: int | None, param: str,
+              logprobs: int | None) -> list[GenerationRequest]:
+    """n requests per prompt; choice j of a seeded request uses seed + j (distinct choices)."""
+    kwargs = body.sampling_kwargs()
+    base = state.generation_config(served, **kwargs)
+    requests = []
+    for ids in prompt_ids:
+        new_tokens = state.check_context(served, ids, max_tokens, param)
+        for j in range(body.n):
+            seed = None if base.seed is None else (base.seed + j) % 2**63
+            config = state.generation_config(served, **{**kwargs, "seed": seed},
+                                             max_generated_tokens=new_tokens)
+            requests.append(GenerationRequest(ids, config, logprobs=logprobs))
+    return requests
+
+
+def _meta(prefix: str, served: ServedModel) -> dict[str, Any]:
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": served.name}
+
+
+def _finish(reason: str | None) -> str | None:
+    return None if reason is None else OPENAI_FINISH.get(reason, "stop")
+
+
+def _usage(n_prompt: int, results: list[Result]) -> Usage:
+    n = sum(len(r.token_ids) for r in results)
+    return Usage(prompt_tokens=n_prompt, completion_tokens=n, total_tokens=n_prompt + n)
+
+
+class _StreamCounts:
+    """Per-choice bookkeeping while streaming: first event seen, tokens, text offsets."""
+
+    def __init__(self, n: int):
+        self.seen = [False] * n
+        self.text_len = [0] * n
+        self.tokens = 0
+
+    def first(self, i: int) -> bool:
+        was = self.seen[i]
+        self.seen[i] = True
+        return not was
+
+    def add(self, ev: StreamEvent) -> None:
+        self.tokens += ev.token_id is not None
+
+    def offset(self, i: int, text: str) -> int:
+        start = self.text_len[i]
+        self.text_len[i] += len(text)
+        return start
+
+    def usage(self, n_prompt: int) -> dict[str, int]:
+        return {"prompt_tokens": n_prompt, "completion_tokens": self.tokens,
+                "total_tokens": n_prompt + self.tokens}
+
+
+def _token_text(tok: Any, token_id: int) -> str:
+    return tok.decode([token_id])
+
+
+def _completion_logprobs(tok: Any, r: Result, start: int) -> CompletionLogprobs:
+    tokens, lps, tops, offsets = [], [], [], []
+    offset = start
+    for token_id, lp, top in r.logprobs:
+        text = _token_text(tok, token_id)
+        tokens.append(text)
+        lps.append(finite(lp))
+        tops.append({_token_text(tok, t): finite(v) for t, v in top.items()})
+        offsets.append(offset)
+        offset += len(text)
+    return CompletionLogprobs(tokens=tokens, token_logprobs=lps, top_logprobs=tops,
+                              text_offset=offsets)
+
+
+def _chat_logprobs(tok: Any, r: Result) -> ChatLogprobs:
+    content = []
+    for token_id, lp, top in r.logprobs:
+        text = _token_text(tok, token_id)
+        content.append(TokenLogprob(
+            token=text, logprob=finite(lp), bytes=list(text.encode()),
+            top_logprobs=[TopLogprob(token=(t_text := _token_text(tok, t)), logprob=finite(v),
+                                     bytes=list(t_text.encode())) for t, v in top.items()]))
+    return ChatLogprobs(content=content)
