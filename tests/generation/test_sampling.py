@@ -79,7 +79,7 @@ def test_distribution_composes_penalty_temperature_top_k_top_p(logits):
     cfg = GenerationConfig(deterministic=False, sampling_temperature=0.7, top_k=10, top_p=0.8,
                            repetition_penalty=1.5)
     history = [int(np.argmax(logits)), 4]
-    x = logits.copy()
+    x = logits.astype(np.float64)  # the processors work in float64
     for i in set(history):
         x[i] = x[i] / 1.5 if x[i] > 0 else x[i] * 1.5
     x = x / 0.7
