@@ -1,0 +1,76 @@
+// Run-time ISA detection and selection, OpenMP thread count, half-float conversion.
+#include <omp.h>
+
+#include <atomic>
+#include <cstring>
+#include <stdexcept>
+
+#include "common.h"
+
+namespace sl {
+
+bool cpu_supports_avx2() {
+  // __builtin_cpu_supports reads cpuid once (and honours OS support of the YMM state).
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+}
+
+static std::atomic<int> g_isa{-1};
+
+Isa active_isa() {
+  int v = g_isa.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = int(cpu_supports_avx2() ? Isa::Avx2 : Isa::Scalar);
+    g_isa.store(v, std::memory_order_relaxed);
+  }
+  return Isa(v);
+}
+
+void set_isa(const std::string& name) {
+  if (name == "scalar") {
+    g_isa = int(Isa::Scalar);
+  } else if (name == "avx2") {
+    if (!cpu_supports_avx2())
+      throw std::runtime_error("set_isa('avx2'): this CPU lacks AVX2/FMA/F16C; use 'scalar'");
+    g_isa = int(Isa::Avx2);
+  } else if (name == "auto") {
+    g_isa = int(cpu_supports_avx2() ? Isa::Avx2 : Isa::Scalar);
+  } else {
+    throw std::invalid_argument("set_isa: unknown ISA '" + name +
+                                "'; accepted: 'scalar', 'avx2', 'auto'");
+  }
+}
+
+int num_threads() { return omp_get_max_threads(); }
+
+void set_num_threads(int n) { omp_set_num_threads(n > 0 ? n : omp_get_num_procs()); }
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalize
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) {
+        man <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000 | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace sl

@@ -1,0 +1,204 @@
+// Sparse GEMV, portable scalar reference.
+//
+// Unstructured ("bitmask") layout, the compressed-tensors sparse-bitmask idea made streamable:
+//   mask    (rows, kp/8) uint8   bit j of byte b <-> column 8b + j is kept
+//   values  flat, row r's kept values in column order starting at row_off[r]
+// A GEMV walks one row's mask and values front to back, so the bytes read per token are exactly
+// the packed bytes (values + 1 bit per column). Values are fp32, int8 (+ per-row scale) or
+// signed int4 nibbles (+ per-group scale; row_off counts bytes, each row starts on a byte).
+//
+// 2:4 layout (S24_I8): every 4 columns keep (at most) 2 values, so a 64-column block holds
+// exactly 32 int8 values plus one uint64 of 2-bit in-group selectors. The order inside a block
+// is chosen for the AVX2 kernel (which gathers x with pshufb instead of expanding weights):
+//   chunk c = columns [16c, 16c+16); slot s holds chunk kSlotChunk[s] = {0, 2, 1, 3}[s];
+//   value 8s+b of the block is the b-th kept value of that chunk, at column
+//   16c + 4*(b/2) + sel, sel = (meta >> (8b + 2s)) & 3.
+
+#include "common.h"
+
+namespace sl::scalar {
+
+static constexpr int kSlotChunk[4] = {0, 2, 1, 3};
+
+template <typename V, typename F>
+static inline void walk_bitmask_row(const uint8_t* mrow, int64_t kp, const V* vals, F&& f) {
+  int64_t p = 0;
+  for (int64_t b = 0; b < kp / 8; ++b)
+    for (uint32_t m = mrow[b]; m; m &= m - 1) f(8 * b + __builtin_ctz(m), vals[p++]);
+}
+
+void gemv_sp_f32(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const float* V = static_cast<const float*>(w.data);
+  for (int64_t r = r0; r < r1; ++r) {
+    float acc = 0.f;
+    walk_bitmask_row(w.mask + r * (w.kp / 8), w.kp, V + w.row_off[r],
+                     [&](int64_t k, float v) { acc += v * a.x[k]; });
+    y[r] = acc;
+  }
+}
+
+void gemv_sp_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  for (int64_t r = r0; r < r1; ++r) {
+    float acc = 0.f;
+    walk_bitmask_row(w.mask + r * (w.kp / 8), w.kp, V + w.row_off[r],
+                     [&](int64_t k, int8_t v) { acc += float(v) * a.x[k]; });
+    y[r] = acc * w.scale[r];
+  }
+}
+
+void gemv_sp_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  for (int64_t r = r0; r < r1; ++r) {
+    int32_t acc = 0;
+    walk_bitmask_row(w.mask + r * (w.kp / 8), w.kp, V + w.row_off[r],
+                     [&](int64_t k, int8_t v) { acc += int32_t(v) * int32_t(a.xq[k]); });
+    y[r] = float(acc) * (a.xscale * w.scale[r]);
+  }
+}
+
+static inline int32_t nibble_at(const uint8_t* bytes, int64_t i) {
+  const int32_t n = (bytes[i >> 1] >> ((i & 1) * 4)) & 15;
+  return (n ^ 8) - 8;  // sign-extend the two's complement nibble
+}
+
+void gemv_sp_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const uint8_t* V = static_cast<const uint8_t*>(w.data);
+  const int64_t ng = w.kp / w.group;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* mrow = w.mask + r * (w.kp / 8);
+    const uint8_t* vals = V + w.row_off[r];
+    int64_t p = 0;
+    float acc = 0.f;
+    for (int64_t g = 0; g < ng; ++g) {
+      float dot = 0.f;
+      for (int64_t b = g * w.group / 8; b < (g + 1) * w.group / 8; ++b)
+        for (uint32_t m = mrow[b]; m; m &= m - 1)
+          dot += float(nibble_at(vals, p++)) * a.x[8 * b + __builtin_ctz(m)];
+      acc += dot * w.scale[r * ng + g];
+    }
+    y[r] = acc;
+  }
+}
+
+// Calls f(column, value_index_in_block) for the 32 kept slots of a 2:4 block.
+template <typename F>
+static inline void walk_s24_block(uint64_t meta, F&& f) {
+  for (int s = 0; s < 4; ++s)
+    for (int b = 0; b < 8; ++b) {
+      const int sel = int(meta >> (8 * b + 2 * s)) & 3;
+      f(16 * kSlotChunk[s] + 4 * (b / 2) + sel, 8 * s + b);
+    }
+}
+
+void gemv_s24_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  const int64_t nb = w.kp / 64;
+  for (int64_t r = r0; r < r1; ++r) {
+    int32_t acc = 0;
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      const int8_t* v = V + r * (w.kp / 2) + blk * 32;
+      const int8_t* xq = a.xq + blk * 64;
+      walk_s24_block(w.meta[r * nb + blk],
+                     [&](int col, int i) { acc += int32_t(v[i]) * int32_t(xq[col]); });
+    }
+    y[r] = float(acc) * (a.xscale * w.scale[r]);
+  }
+}
+
+void gemv_s24_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  const int64_t nb = w.kp / 64;
+  for (int64_t r = r0; r < r1; ++r) {
+    float acc = 0.f;
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      const int8_t* v = V + r * (w.kp / 2) + blk * 32;
+      const float* x = a.x + blk * 64;
+      walk_s24_block(w.meta[r * nb + blk], [&](int col, int i) { acc += float(v[i]) * x[col]; });
+    }
+    y[r] = acc * w.scale[r];
+  }
+}
+
+// Dequantize rows [r0, r1) of any format into out (r1-r0, kp): the GEMM path decodes a panel
+// once and reuses it for every token, so this cost is amortized over T.
+void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  const int64_t kp = w.kp;
+  for (int64_t r = r0; r < r1; ++r) {
+    float* o = out + (r - r0) * kp;
+    switch (w.fmt) {
+      case Fmt::F32: {
+        const float* W = static_cast<const float*>(w.data) + r * kp;
+        for (int64_t k = 0; k < kp; ++k) o[k] = W[k];
+        break;
+      }
+      case Fmt::F16: {
+        const uint16_t* W = static_cast<const uint16_t*>(w.data) + r * kp;
+        for (int64_t k = 0; k < kp; ++k) o[k] = half_to_float(W[k]);
+        break;
+      }
+      case Fmt::BF16: {
+        const uint16_t* W = static_cast<const uint16_t*>(w.data) + r * kp;
+        for (int64_t k = 0; k < kp; ++k) o[k] = bf16_to_float(W[k]);
+        break;
+      }
+      case Fmt::I8: {
+        const int8_t* W = static_cast<const int8_t*>(w.data) + r * kp;
+        const float s = w.scale[r];
+        for (int64_t k = 0; k < kp; ++k) o[k] = float(W[k]) * s;
+        break;
+      }
+      case Fmt::I4: {
+        const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * (kp / 2);
+        const int64_t ng = kp / w.group;
+        for (int64_t blk = 0; blk < kp / 32; ++blk) {
+          const int64_t g = blk * 32 / w.group;
+          const float s = w.scale[r * ng + g];
+          const float z = w.asym ? float(w.zero[r * ng + g]) : 8.f;
+          for (int j = 0; j < 16; ++j) {
+            o[blk * 32 + j] = (float(row[blk * 16 + j] & 15) - z) * s;
+            o[blk * 32 + j + 16] = (float(row[blk * 16 + j] >> 4) - z) * s;
+          }
+        }
+        break;
+      }
+      case Fmt::SP_F32:
+      case Fmt::SP_I8:
+      case Fmt::SP_I4: {
+        for (int64_t k = 0; k < kp; ++k) o[k] = 0.f;
+        const uint8_t* mrow = w.mask + r * (kp / 8);
+        if (w.fmt == Fmt::SP_F32) {
+          walk_bitmask_row(mrow, kp, static_cast<const float*>(w.data) + w.row_off[r],
+                           [&](int64_t k, float v) { o[k] = v; });
+        } else if (w.fmt == Fmt::SP_I8) {
+          const float s = w.scale[r];
+          walk_bitmask_row(mrow, kp, static_cast<const int8_t*>(w.data) + w.row_off[r],
+                           [&](int64_t k, int8_t v) { o[k] = float(v) * s; });
+        } else {
+          const uint8_t* vals = static_cast<const uint8_t*>(w.data) + w.row_off[r];
+          const int64_t ng = kp / w.group;
+          int64_t p = 0;
+          for (int64_t b = 0; b < kp / 8; ++b)
+            for (uint32_t m = mrow[b]; m; m &= m - 1) {
+              const int64_t k = 8 * b + __builtin_ctz(m);
+              o[k] = float(nibble_at(vals, p++)) * w.scale[r * ng + k / w.group];
+            }
+        }
+        break;
+      }
+      case Fmt::S24_I8: {
+        for (int64_t k = 0; k < kp; ++k) o[k] = 0.f;
+        const int64_t nb = kp / 64;
+        const float s = w.scale[r];
+        for (int64_t blk = 0; blk < nb; ++blk) {
+          const int8_t* v = static_cast<const int8_t*>(w.data) + r * (kp / 2) + blk * 32;
+          walk_s24_block(w.meta[r * nb + blk],
+                         [&](int col, int i) { o[blk * 64 + col] = float(v[i]) * s; });
+        }
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace sl::scalar

@@ -1,0 +1,226 @@
+// Sparse GEMV, AVX2 (layouts documented in gemv_sparse.cpp).
+//
+// Bitmask formats expand the packed values back to dense 8/16-column chunks in registers with
+// one shuffle whose control comes from a 256-entry table indexed by a mask byte; the value
+// pointer then advances by popcount(mask byte). Weights are read once, in order; the expansion
+// costs ~10 instructions per 16 columns whatever the density, so at T = 1 these kernels are
+// compute-bound on AVX2 (~1/3 of the dense int8 kernel's weights/s from cache, measured with
+// kernels/bench.py "hot GB/s"). An in-register control computation (nibble popcounts +
+// prefix sums, no table lookups) was measured slower: it moves the work onto the two shuffle
+// ports. AVX-512 VBMI2's vpexpandb would do the expansion in one instruction.
+//
+// The 2:4 format instead gathers the activations: 2-bit selectors become a pshufb control in
+// 4 instructions per 64 columns and the 32 packed weights are used as they are.
+#include <immintrin.h>
+
+
+#include "common.h"
+#include "simd_avx2.h"
+
+namespace sl::avx2 {
+
+namespace {
+// Built at compile time (constexpr): this file is compiled with -mavx2, so it must not run any
+// code at load time on a CPU that may lack AVX2.
+struct Tables {
+  alignas(32) int32_t perm[256][8] = {};  // lane j <- packed value rank(j) (fp32 expansion)
+  alignas(32) int32_t keep[256][8] = {};  // lane j kept ? -1 : 0
+  uint64_t shuf[256] = {};  // byte j <- packed byte rank(j), or 0x80 (zero) if column j dropped
+  constexpr Tables() {
+    for (int m = 0; m < 256; ++m) {
+      uint64_t s = 0;
+      for (int j = 0, rank = 0; j < 8; ++j) {
+        const bool on = (m >> j) & 1;
+        perm[m][j] = on ? rank : 0;
+        keep[m][j] = on ? -1 : 0;
+        s |= uint64_t(on ? rank : 0x80) << (8 * j);
+        rank += on;
+      }
+      shuf[m] = s;
+    }
+  }
+};
+constexpr Tables kT{};
+constexpr uint64_t kOnes = 0x0101010101010101ull;
+
+inline __m128i shuf_ctrl8(uint32_t m, uint32_t offset) {
+  // Adding the offset to every byte keeps 0x80 "zero" bytes >= 0x80 (offset <= 16).
+  return _mm_cvtsi64_si128(int64_t(kT.shuf[m] + offset * kOnes));
+}
+
+// 16 dense int8 columns from the packed values at v: mask bytes m0 (columns 0..7), m1 (8..15).
+inline __m128i expand16_i8(const int8_t* v, uint32_t m0, uint32_t m1) {
+  const __m128i ctrl = _mm_set_epi64x(int64_t(kT.shuf[m1] + __builtin_popcount(m0) * kOnes),
+                                      int64_t(kT.shuf[m0]));
+  return _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)), ctrl);
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+}  // namespace
+
+void gemv_sp_f32(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const float* V = static_cast<const float*>(w.data);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* mrow = w.mask + r * (w.kp / 8);
+    const float* v = V + w.row_off[r];
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t c = 0; c < w.kp / 8; c += 4) {
+      const uint32_t m4 = load_u32(mrow + c);
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t m = (m4 >> (8 * j)) & 255;
+        const __m256 e = _mm256_and_ps(
+            _mm256_permutevar8x32_ps(_mm256_loadu_ps(v),
+                                     _mm256_load_si256(reinterpret_cast<const __m256i*>(kT.perm[m]))),
+            _mm256_load_ps(reinterpret_cast<const float*>(kT.keep[m])));
+        acc[j] = _mm256_fmadd_ps(e, _mm256_loadu_ps(a.x + 8 * (c + j)), acc[j]);
+        v += __builtin_popcount(m);
+      }
+    }
+    y[r] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  }
+}
+
+void gemv_sp_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* mrow = w.mask + r * (w.kp / 8);
+    const int8_t* v = V + w.row_off[r];
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t c = 0; c < w.kp / 8; c += 4) {
+      const uint32_t m4 = load_u32(mrow + c);
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t m = (m4 >> (8 * j)) & 255;
+        const __m128i e = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v)),
+                                           shuf_ctrl8(m, 0));
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e)),
+                                 _mm256_loadu_ps(a.x + 8 * (c + j)), acc[j]);
+        v += __builtin_popcount(m);
+      }
+    }
+    y[r] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) *
+           w.scale[r];
+  }
+}
+
+void gemv_sp_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* mrow = w.mask + r * (w.kp / 8);
+    const int8_t* v = V + w.row_off[r];
+    __m256i acc = _mm256_setzero_si256();
+    for (int64_t c = 0; c < w.kp / 8; c += 4) {  // 32 columns per step
+      const uint32_t m4 = load_u32(mrow + c);
+      const uint32_t b0 = m4 & 255, b1 = (m4 >> 8) & 255, b2 = (m4 >> 16) & 255, b3 = m4 >> 24;
+      const int n01 = __builtin_popcount(m4 & 0xffffu);
+      const __m128i lo = expand16_i8(v, b0, b1);
+      const __m128i hi = expand16_i8(v + n01, b2, b3);
+      v += __builtin_popcount(m4);
+      acc = dot_i8(acc, _mm256_set_m128i(hi, lo),
+                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 8 * c)));
+    }
+    y[r] = float(hsum_i32(acc)) * (a.xscale * w.scale[r]);
+  }
+}
+
+void gemv_sp_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const uint8_t* V = static_cast<const uint8_t*>(w.data);
+  const int64_t ng = w.kp / w.group, chunks_per_group = w.group / 8;
+  const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* mrow = w.mask + r * (w.kp / 8);
+    const uint8_t* vals = V + w.row_off[r];
+    int64_t p = 0;  // nibble index into this row's packed values
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+      __m256 ga = _mm256_setzero_ps(), gb = ga;
+      for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 2) {
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t m = mrow[c + j];
+          // 8 bytes = 16 nibbles starting at the byte holding nibble p; widen to bytes in
+          // order, sign-extend ((n ^ 8) - 8), then expand with the shuffle shifted by p & 1.
+          const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + (p >> 1)));
+          const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(raw, low4),
+                                                _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+          const __m128i sv = _mm_sub_epi8(_mm_xor_si128(nib, eight), eight);
+          const __m128i e = _mm_shuffle_epi8(sv, shuf_ctrl8(m, uint32_t(p & 1)));
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
+          const __m256 xv = _mm256_loadu_ps(a.x + 8 * (c + j));
+          if (j == 0) ga = _mm256_fmadd_ps(f, xv, ga); else gb = _mm256_fmadd_ps(f, xv, gb);
+          p += __builtin_popcount(m);
+        }
+      }
+      acc = _mm256_fmadd_ps(_mm256_add_ps(ga, gb), _mm256_set1_ps(w.scale[r * ng + g]), acc);
+    }
+    y[r] = hsum(acc);
+  }
+}
+
+// 2:4: build the pshufb control for one 64-column block from its selectors (see layout notes
+// in gemv_sparse.cpp): qword s of the result holds slot s's 8 column indices within its chunk.
+static inline __m256i s24_control(uint64_t meta) {
+  const __m256i sel = _mm256_and_si256(
+      _mm256_srlv_epi64(_mm256_set1_epi64x(int64_t(meta)), _mm256_setr_epi64x(0, 2, 4, 6)),
+      _mm256_set1_epi8(3));
+  const __m256i base = _mm256_set1_epi64x(0x0c0c080804040000ll);  // 4 * (b / 2)
+  return _mm256_add_epi8(sel, base);
+}
+
+void gemv_s24_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  const int64_t nb = w.kp / 64;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int8_t* v = V + r * (w.kp / 2);
+    const uint64_t* meta = w.meta + r * nb;
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0;
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      const __m256i ctrl = s24_control(meta[blk]);
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + blk * 64));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + blk * 64 + 32));
+      // Slots 0/2 gather from chunks 0/1 (xa, low qwords), slots 1/3 from chunks 2/3 (xb, high).
+      const __m256i xg = _mm256_blend_epi32(_mm256_shuffle_epi8(xa, ctrl),
+                                            _mm256_shuffle_epi8(xb, ctrl), 0xcc);
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + blk * 32));
+      if (blk & 1) acc1 = dot_i8(acc1, wv, xg); else acc0 = dot_i8(acc0, wv, xg);
+    }
+    y[r] = float(hsum_i32(_mm256_add_epi32(acc0, acc1))) * (a.xscale * w.scale[r]);
+  }
+}
+
+void gemv_s24_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+  // fp32 activations: gather x per slot with vpermps (which reads only the low 3 index bits,
+  // so the chunk-relative control from s24_control works for both 8-column halves).
+  static constexpr int kSlotChunk[4] = {0, 2, 1, 3};
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  const int64_t nb = w.kp / 64;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int8_t* v = V + r * (w.kp / 2);
+    const uint64_t* meta = w.meta + r * nb;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      alignas(32) uint64_t ctrl[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ctrl), s24_control(meta[blk]));
+      for (int s = 0; s < 4; ++s) {
+        const float* x = a.x + blk * 64 + 16 * kSlotChunk[s];
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(ctrl[s])));
+        // values b = 0..3 live in columns 0..7 of the chunk, b = 4..7 in columns 8..15
+        const __m256 xg = _mm256_blend_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(x), idx),
+                                          _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 8), idx),
+                                          0xf0);
+        const __m256 wf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + blk * 32 + 8 * s))));
+        acc[s] = _mm256_fmadd_ps(wf, xg, acc[s]);
+      }
+    }
+    y[r] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) *
+           w.scale[r];
+  }
+}
+
+}  // namespace sl::avx2

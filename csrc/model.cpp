@@ -1,0 +1,129 @@
+// NativeModel forward: the math of sparsellm.models.llama.LlamaModel.forward, one call per step.
+#include "model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "ops.h"
+
+namespace sl {
+
+NativeModel::NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, const float* embed,
+                         const float* final_norm, Weight lm_head)
+    : cfg_(std::move(cfg)), layers_(std::move(layers)), embed_(embed), final_norm_(final_norm),
+      lm_head_(lm_head) {
+  const ModelConfig& c = cfg_;
+  if (c.heads % c.kv_heads) throw std::invalid_argument("heads must be a multiple of kv_heads");
+  if (int64_t(layers_.size()) != c.layers) throw std::invalid_argument("layer count mismatch");
+  if (int64_t(c.inv_freq.size()) != c.head_dim / 2)
+    throw std::invalid_argument("inv_freq must have head_dim/2 entries");
+  const int64_t M = c.max_tokens, D = c.hidden, qd = c.heads * c.head_dim,
+                kvd = c.kv_heads * c.head_dim;
+  x_.resize(M * D);
+  h_.resize(M * D);
+  q_.resize(M * qd);
+  k_.resize(M * kvd);
+  v_.resize(M * kvd);
+  att_.resize(M * qd);
+  proj_.resize(M * D);
+  gate_.resize(M * c.intermediate);
+  up_.resize(M * c.intermediate);
+  cos_.resize(M * c.head_dim / 2);
+  sin_.resize(M * c.head_dim / 2);
+  // Size linear()'s scratch for the widest input of any projection (incl. lm_head).
+  int64_t kp = lm_head_.kp;
+  for (const LayerWeights& l : layers_)
+    for (const Weight* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
+      kp = std::max(kp, w->kp);
+  lin_.reserve(M, kp);
+}
+
+static void add_bias(float* y, const float* b, int64_t T, int64_t n) {
+  if (!b) return;
+  for (int64_t t = 0; t < T; ++t) add_inplace(y + t * n, b, n);
+}
+
+void NativeModel::attention_block(const LayerWeights& w, int64_t layer, const int64_t* slots,
+                                  const int64_t* positions, int64_t T, const KVCache& cache) {
+  const ModelConfig& c = cfg_;
+  const int64_t D = c.hidden, H = c.heads, KV = c.kv_heads, hd = c.head_dim;
+  rms_norm(x_.data(), w.attn_norm, h_.data(), T, D, c.eps);
+  const Weight* qkv[3] = {&w.q, &w.k, &w.v};
+  float* qkv_out[3] = {q_.data(), k_.data(), v_.data()};
+  linear_multi(qkv, qkv_out, 3, h_.data(), T, D, lin_);
+  add_bias(q_.data(), w.bq, T, H * hd);
+  add_bias(k_.data(), w.bk, T, KV * hd);
+  add_bias(v_.data(), w.bv, T, KV * hd);
+  apply_rope(q_.data(), T, H, hd, H * hd, cos_.data(), sin_.data());
+  apply_rope(k_.data(), T, KV, hd, KV * hd, cos_.data(), sin_.data());
+
+  // Append this step's keys/values: cache[layer, slot, kvh, pos, :] (layout (L, S, KV, cap, hd)).
+  const int64_t layer_stride = cache.slots * KV * cache.capacity * hd;
+  float* kc = cache.k + layer * layer_stride;
+  float* vc = cache.v + layer * layer_stride;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < KV; ++h) {
+      const int64_t dst = ((slots[t] * KV + h) * cache.capacity + positions[t]) * hd;
+      std::memcpy(kc + dst, k_.data() + (t * KV + h) * hd, hd * sizeof(float));
+      std::memcpy(vc + dst, v_.data() + (t * KV + h) * hd, hd * sizeof(float));
+    }
+
+  const AttnShape s{T, H, KV, hd, cache.capacity, 1.0f / std::sqrt(float(hd)), c.sliding_window};
+  attention(q_.data(), H * hd, kc, vc, slots, positions, s, att_.data(), H * hd, scores_);
+  linear(w.o, att_.data(), T, H * hd, proj_.data(), D, lin_);
+  add_bias(proj_.data(), w.bo, T, D);
+  add_inplace(x_.data(), proj_.data(), T * D);
+}
+
+void NativeModel::mlp_block(const LayerWeights& w, int64_t T) {
+  const ModelConfig& c = cfg_;
+  const int64_t D = c.hidden, I = c.intermediate;
+  rms_norm(x_.data(), w.mlp_norm, h_.data(), T, D, c.eps);
+  const Weight* gu[2] = {&w.gate, &w.up};
+  float* gu_out[2] = {gate_.data(), up_.data()};
+  linear_multi(gu, gu_out, 2, h_.data(), T, D, lin_);
+  swiglu(gate_.data(), up_.data(), gate_.data(), T * I);
+  linear(w.down, gate_.data(), T, I, proj_.data(), D, lin_);
+  add_inplace(x_.data(), proj_.data(), T * D);
+}
+
+void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int64_t* positions,
+                          int64_t T, const KVCache& cache, const int64_t* logit_rows, int64_t R,
+                          float* out_logits) {
+  const ModelConfig& c = cfg_;
+  if (T < 1 || T > c.max_tokens)
+    throw std::out_of_range("forward: T=" + std::to_string(T) + " not in [1, max_tokens=" +
+                            std::to_string(c.max_tokens) + "]");
+  if (R > c.max_tokens) throw std::out_of_range("forward: more logit rows than max_tokens");
+  for (int64_t t = 0; t < T; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.vocab)
+      throw std::out_of_range("forward: token id " + std::to_string(tokens[t]) + " not in vocab");
+    if (slots[t] < 0 || slots[t] >= cache.slots)
+      throw std::out_of_range("forward: slot " + std::to_string(slots[t]) + " not in the cache");
+    if (positions[t] < 0 || positions[t] >= cache.capacity)
+      throw std::out_of_range("forward: position " + std::to_string(positions[t]) +
+                              " beyond the cache capacity " + std::to_string(cache.capacity));
+  }
+  for (int64_t i = 0; i < R; ++i)
+    if (logit_rows[i] < 0 || logit_rows[i] >= T) throw std::out_of_range("forward: logit row");
+
+  const int64_t D = c.hidden;
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(x_.data() + t * D, embed_ + tokens[t] * D, D * sizeof(float));
+  rope_tables(positions, T, c.inv_freq.data(), c.head_dim / 2, cos_.data(), sin_.data());
+  for (int64_t l = 0; l < c.layers; ++l) {
+    attention_block(layers_[l], l, slots, positions, T, cache);
+    mlp_block(layers_[l], T);
+  }
+  // Final norm and lm_head only for the rows whose logits are wanted (usually the last token
+  // of each sequence): h_[i] = norm(x_[logit_rows[i]]).
+  for (int64_t i = 0; i < R; ++i)
+    std::memcpy(proj_.data() + i * D, x_.data() + logit_rows[i] * D, D * sizeof(float));
+  rms_norm(proj_.data(), final_norm_, h_.data(), R, D, c.eps);
+  if (R > 0) linear(lm_head_, h_.data(), R, D, out_logits, c.vocab, lin_);
+}
+
+}  // namespace sl

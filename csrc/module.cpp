@@ -1,0 +1,356 @@
+// Python bindings for the native runtime (sparsellm._native). Arrays are taken without copies:
+// the Python side (sparsellm.kernels) passes C-contiguous arrays of the documented dtypes and
+// these wrappers check that, so a mistake is an error, not a silent copy.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "linear.h"
+#include "model.h"
+#include "ops.h"
+
+namespace py = pybind11;
+using namespace sl;
+
+namespace {
+
+template <typename T>
+T* ptr_of(const py::array& a, const char* name) {
+  if (!py::isinstance<py::array_t<T>>(a) || !(a.flags() & py::array::c_style))
+    throw std::invalid_argument(std::string(name) + ": expected a C-contiguous " +
+                                py::str(py::dtype::of<T>()).cast<std::string>() + " array, got " +
+                                py::str(a.dtype()).cast<std::string>());
+  return static_cast<T*>(const_cast<void*>(a.data()));
+}
+
+template <typename T>
+T* opt_ptr(const py::object& o, const char* name) {
+  return o.is_none() ? nullptr : ptr_of<T>(o.cast<py::array>(), name);
+}
+
+// A packed weight handed to native code: the descriptor + references keeping buffers alive.
+struct PyWeight {
+  Weight w;
+  py::tuple keep;
+};
+
+PyWeight make_weight(int fmt, int64_t rows, int64_t cols, int64_t kp, bool act_int8, int group,
+                     bool asym, py::array data, py::object scale, py::object zero, py::object mask,
+                     py::object row_off, py::object meta) {
+  if (fmt < 0 || fmt > int(Fmt::S24_I8)) throw std::invalid_argument("unknown format id");
+  if (kp % kColAlign || kp < cols) throw std::invalid_argument("kp must be a multiple of 64 >= cols");
+  PyWeight p;
+  Weight& w = p.w;
+  w.fmt = Fmt(fmt);
+  w.rows = rows;
+  w.cols = cols;
+  w.kp = kp;
+  w.act_int8 = act_int8;
+  w.group = group;
+  w.asym = asym;
+  if (!(data.flags() & py::array::c_style)) throw std::invalid_argument("data must be C-contiguous");
+  w.data = data.data();
+  w.scale = opt_ptr<float>(scale, "scale");
+  w.zero = opt_ptr<uint8_t>(zero, "zero");
+  w.mask = opt_ptr<uint8_t>(mask, "mask");
+  w.row_off = opt_ptr<int64_t>(row_off, "row_off");
+  w.meta = opt_ptr<uint64_t>(meta, "meta");
+  if (w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4) {
+    if (group % 32 || kp % group) throw std::invalid_argument("int4 group must be 32k and divide kp");
+  }
+  p.keep = py::make_tuple(data, scale, zero, mask, row_off, meta);
+  return p;
+}
+
+thread_local LinearScratch tl_scratch;
+thread_local std::vector<float> tl_scores;
+
+// NativeModel + the Python objects whose buffers it points into.
+struct PyModel {
+  std::unique_ptr<NativeModel> model;
+  py::list keep;
+  std::unique_ptr<std::mutex> busy = std::make_unique<std::mutex>();  // run-state is per model
+};
+
+const float* vec_of(const py::dict& d, const char* key, int64_t n, py::list& keep) {
+  if (!d.contains(key) || d[key].is_none()) return nullptr;
+  py::array a = d[key].cast<py::array>();
+  if (a.size() != n) throw std::invalid_argument(std::string(key) + ": wrong length");
+  keep.append(a);
+  return ptr_of<float>(a, key);
+}
+
+const Weight& weight_of(const py::dict& d, const char* key, int64_t rows, int64_t cols,
+                        py::list& keep) {
+  if (!d.contains(key)) throw std::invalid_argument(std::string("layer weight missing: ") + key);
+  py::object o = d[key];
+  const PyWeight& p = o.cast<const PyWeight&>();
+  if (p.w.rows != rows || p.w.cols != cols)
+    throw std::invalid_argument(std::string(key) + ": expected shape (" + std::to_string(rows) +
+                                ", " + std::to_string(cols) + ")");
+  keep.append(o);
+  return p.w;
+}
+
+PyModel make_model(const py::dict& cfg, const py::list& layers, py::array embed,
+                   py::array final_norm, py::object lm_head) {
+  ModelConfig c;
+  c.hidden = cfg["hidden"].cast<int64_t>();
+  c.intermediate = cfg["intermediate"].cast<int64_t>();
+  c.heads = cfg["heads"].cast<int64_t>();
+  c.kv_heads = cfg["kv_heads"].cast<int64_t>();
+  c.head_dim = cfg["head_dim"].cast<int64_t>();
+  c.vocab = cfg["vocab"].cast<int64_t>();
+  c.eps = cfg["eps"].cast<float>();
+  c.sliding_window = cfg["sliding_window"].cast<int64_t>();
+  c.max_tokens = cfg["max_tokens"].cast<int64_t>();
+  c.inv_freq = cfg["inv_freq"].cast<std::vector<double>>();
+  c.layers = int64_t(layers.size());
+  PyModel pm;
+  const int64_t D = c.hidden, I = c.intermediate, qd = c.heads * c.head_dim,
+                kvd = c.kv_heads * c.head_dim;
+  std::vector<LayerWeights> lw;
+  for (py::handle h : layers) {
+    py::dict d = h.cast<py::dict>();
+    LayerWeights l;
+    l.q = weight_of(d, "q", qd, D, pm.keep);
+    l.k = weight_of(d, "k", kvd, D, pm.keep);
+    l.v = weight_of(d, "v", kvd, D, pm.keep);
+    l.o = weight_of(d, "o", D, qd, pm.keep);
+    l.gate = weight_of(d, "gate", I, D, pm.keep);
+    l.up = weight_of(d, "up", I, D, pm.keep);
+    l.down = weight_of(d, "down", D, I, pm.keep);
+    l.attn_norm = vec_of(d, "attn_norm", D, pm.keep);
+    l.mlp_norm = vec_of(d, "mlp_norm", D, pm.keep);
+    if (!l.attn_norm || !l.mlp_norm) throw std::invalid_argument("layer norms missing");
+    l.bq = vec_of(d, "bq", qd, pm.keep);
+    l.bk = vec_of(d, "bk", kvd, pm.keep);
+    l.bv = vec_of(d, "bv", kvd, pm.keep);
+    l.bo = vec_of(d, "bo", D, pm.keep);
+    lw.push_back(l);
+  }
+  if (embed.ndim() != 2 || embed.shape(0) != c.vocab || embed.shape(1) != D)
+    throw std::invalid_argument("embed must be (vocab, hidden)");
+  if (final_norm.size() != D) throw std::invalid_argument("final_norm must be (hidden,)");
+  const PyWeight& head = lm_head.cast<const PyWeight&>();
+  if (head.w.rows != c.vocab || head.w.cols != D)
+    throw std::invalid_argument("lm_head must be (vocab, hidden)");
+  const float* e = ptr_of<float>(embed, "embed");
+  const float* fn = ptr_of<float>(final_norm, "final_norm");
+  pm.keep.append(embed);
+  pm.keep.append(final_norm);
+  pm.keep.append(lm_head);
+  pm.model = std::make_unique<NativeModel>(std::move(c), std::move(lw), e, fn, head.w);
+  return pm;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "sparsellm native CPU kernels (AVX2+FMA with a portable scalar fallback, OpenMP)";
+
+  m.def("cpu_supports_avx2", &cpu_supports_avx2, "True if AVX2+FMA+F16C are available");
+  m.def("get_isa", [] { return active_isa() == Isa::Avx2 ? "avx2" : "scalar"; });
+  m.def("set_isa", &set_isa, py::arg("name"), "Kernel ISA: 'scalar', 'avx2' or 'auto'");
+  m.def("get_num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads, py::arg("n"), "OpenMP threads (<= 0: all cores)");
+
+  py::class_<PyWeight>(m, "NativeWeight")
+      .def(py::init(&make_weight), py::arg("fmt"), py::arg("rows"), py::arg("cols"),
+           py::arg("kp"), py::arg("act_int8"), py::arg("group"), py::arg("asym"), py::arg("data"),
+           py::arg("scale") = py::none(), py::arg("zero") = py::none(),
+           py::arg("mask") = py::none(), py::arg("row_off") = py::none(),
+           py::arg("meta") = py::none())
+      .def_property_readonly("rows", [](const PyWeight& p) { return p.w.rows; })
+      .def_property_readonly("cols", [](const PyWeight& p) { return p.w.cols; });
+
+  m.def(
+      "linear",
+      [](py::array x, const PyWeight& p, py::array out) {
+        const Weight& w = p.w;
+        if (x.ndim() != 2 || x.shape(1) != w.cols)
+          throw std::invalid_argument("linear: x must be (T, " + std::to_string(w.cols) + ")");
+        if (out.ndim() != 2 || out.shape(0) != x.shape(0) || out.shape(1) != w.rows)
+          throw std::invalid_argument("linear: out must be (T, " + std::to_string(w.rows) + ")");
+        const float* xp = ptr_of<float>(x, "x");
+        float* yp = ptr_of<float>(out, "out");
+        const int64_t T = x.shape(0);
+        py::gil_scoped_release nogil;
+        linear(w, xp, T, w.cols, yp, w.rows, tl_scratch);
+      },
+      py::arg("x"), py::arg("weight"), py::arg("out"), "out = x @ W.T (x: (T, in) fp32)");
+
+  m.def(
+      "bench_linear",
+      [](std::vector<const PyWeight*> ws, py::array x, int64_t iters) {
+        // Seconds per linear() call, cycling through `ws` (copies of one matrix whose total
+        // size exceeds the last-level cache, so every call streams its weights from DRAM).
+        if (ws.empty()) throw std::invalid_argument("bench_linear: no weights");
+        const Weight& w0 = ws[0]->w;
+        if (x.ndim() != 2 || x.shape(1) != w0.cols) throw std::invalid_argument("bench_linear: x");
+        const float* xp = ptr_of<float>(x, "x");
+        const int64_t T = x.shape(0);
+        std::vector<float> y(size_t(T * w0.rows));
+        py::gil_scoped_release nogil;
+        for (const PyWeight* p : ws) linear(p->w, xp, T, w0.cols, y.data(), w0.rows, tl_scratch);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < iters; ++i)
+          linear(ws[i % ws.size()]->w, xp, T, w0.cols, y.data(), w0.rows, tl_scratch);
+        const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+        return dt.count() / double(iters);
+      },
+      py::arg("weights"), py::arg("x"), py::arg("iters"));
+
+  m.def(
+      "read_bandwidth",
+      [](int64_t nbytes, int64_t reps) {
+        // The ceiling GEMVs are compared with, measured in the same run (these machines are
+        // noisy): an OpenMP sum over a buffer larger than the last-level cache, best of reps.
+        std::vector<uint64_t> buf(size_t(nbytes / 8), 1);
+        const uint64_t* b = buf.data();
+        const int64_t n = int64_t(buf.size());
+        py::gil_scoped_release nogil;
+        double best = 1e30;
+        uint64_t sink = 0;
+        for (int64_t r = 0; r < reps; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          uint64_t total = 0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+          for (int64_t i = 0; i < n; ++i) total += b[i];
+          const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+          best = std::min(best, dt.count());
+          sink += total;
+        }
+        return sink ? double(nbytes) / best / 1e9 : 0.0;
+      },
+      py::arg("nbytes"), py::arg("reps") = 5, "GB/s of a plain streaming read of nbytes");
+
+  py::class_<PyModel>(m, "NativeModel")
+      .def(py::init(&make_model), py::arg("config"), py::arg("layers"), py::arg("embed"),
+           py::arg("final_norm"), py::arg("lm_head"))
+      .def(
+          "forward",
+          [](PyModel& pm, py::array tokens, py::array slots, py::array positions,
+             py::array k_cache, py::array v_cache, py::array logit_rows, py::array out) {
+            const ModelConfig& c = pm.model->config();
+            const int64_t T = tokens.size(), R = logit_rows.size();
+            if (slots.size() != T || positions.size() != T)
+              throw std::invalid_argument("forward: tokens, slots, positions must all be (T,)");
+            if (k_cache.ndim() != 5 || k_cache.shape(0) != c.layers ||
+                k_cache.shape(2) != c.kv_heads || k_cache.shape(4) != c.head_dim)
+              throw std::invalid_argument(
+                  "forward: k_cache must be (layers, slots, kv_heads, capacity, head_dim)");
+            for (int i = 0; i < 5; ++i)
+              if (v_cache.ndim() != 5 || v_cache.shape(i) != k_cache.shape(i))
+                throw std::invalid_argument("forward: v_cache shape differs from k_cache");
+            if (out.ndim() != 2 || out.shape(0) != R || out.shape(1) != c.vocab)
+              throw std::invalid_argument("forward: out must be (len(logit_rows), vocab)");
+            KVCache kv{ptr_of<float>(k_cache, "k_cache"), ptr_of<float>(v_cache, "v_cache"),
+                       k_cache.shape(1), k_cache.shape(3)};
+            const int64_t* tp = ptr_of<int64_t>(tokens, "tokens");
+            const int64_t* sp = ptr_of<int64_t>(slots, "slots");
+            const int64_t* pp = ptr_of<int64_t>(positions, "positions");
+            const int64_t* rp = ptr_of<int64_t>(logit_rows, "logit_rows");
+            float* op = ptr_of<float>(out, "out");
+            py::gil_scoped_release nogil;
+            std::lock_guard<std::mutex> lock(*pm.busy);  // one forward at a time per model
+            pm.model->forward(tp, sp, pp, T, kv, rp, R, op);
+          },
+          py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("k_cache"),
+          py::arg("v_cache"), py::arg("logit_rows"), py::arg("out"));
+
+  m.def(
+      "rms_norm",
+      [](py::array x, py::array w, float eps, py::array out) {
+        const int64_t D = x.shape(x.ndim() - 1), T = x.size() / D;
+        if (w.size() != D || out.size() != x.size()) throw std::invalid_argument("rms_norm: shapes");
+        const float *xp = ptr_of<float>(x, "x"), *wp = ptr_of<float>(w, "weight");
+        float* op = ptr_of<float>(out, "out");
+        py::gil_scoped_release nogil;
+        rms_norm(xp, wp, op, T, D, eps);
+      },
+      py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("out"));
+
+  m.def(
+      "rope_",
+      [](py::array x, py::array positions, py::array inv_freq) {
+        if (x.ndim() != 3) throw std::invalid_argument("rope_: x must be (T, heads, head_dim)");
+        const int64_t T = x.shape(0), H = x.shape(1), hd = x.shape(2), half = hd / 2;
+        if (positions.size() != T || inv_freq.size() != half)
+          throw std::invalid_argument("rope_: positions (T,) and inv_freq (head_dim/2,) expected");
+        float* xp = ptr_of<float>(x, "x");
+        const int64_t* pp = ptr_of<int64_t>(positions, "positions");
+        const double* fp = ptr_of<double>(inv_freq, "inv_freq");
+        py::gil_scoped_release nogil;
+        std::vector<float> cs(size_t(T * half)), sn(size_t(T * half));
+        rope_tables(pp, T, fp, half, cs.data(), sn.data());
+        apply_rope(xp, T, H, hd, H * hd, cs.data(), sn.data());
+      },
+      py::arg("x"), py::arg("positions"), py::arg("inv_freq"), "Half-split RoPE in place");
+
+  m.def(
+      "swiglu",
+      [](py::array g, py::array u, py::array out) {
+        if (g.size() != u.size() || out.size() != g.size()) throw std::invalid_argument("swiglu: sizes");
+        const float *gp = ptr_of<float>(g, "g"), *up = ptr_of<float>(u, "u");
+        float* op = ptr_of<float>(out, "out");
+        py::gil_scoped_release nogil;
+        swiglu(gp, up, op, g.size());
+      },
+      py::arg("g"), py::arg("u"), py::arg("out"));
+
+  m.def(
+      "add_",
+      [](py::array x, py::array y) {
+        if (x.size() != y.size()) throw std::invalid_argument("add_: sizes differ");
+        float* xp = ptr_of<float>(x, "x");
+        const float* yp = ptr_of<float>(y, "y");
+        py::gil_scoped_release nogil;
+        add_inplace(xp, yp, x.size());
+      },
+      py::arg("x"), py::arg("y"), "x += y in place");
+
+  m.def(
+      "softmax_",
+      [](py::array x) {
+        const int64_t n = x.shape(x.ndim() - 1), rows = x.size() / n;
+        float* xp = ptr_of<float>(x, "x");
+        py::gil_scoped_release nogil;
+        for (int64_t r = 0; r < rows; ++r) softmax_inplace(xp + r * n, n);
+      },
+      py::arg("x"), "Softmax over the last axis, in place");
+
+  m.def(
+      "attention",
+      [](py::array q, py::array k_cache, py::array v_cache, py::array slots, py::array positions,
+         float scale, int64_t window, py::array out) {
+        if (q.ndim() != 3 || k_cache.ndim() != 4 || v_cache.ndim() != 4)
+          throw std::invalid_argument("attention: q (T,H,hd), caches (slots,KV,cap,hd) expected");
+        AttnShape s{q.shape(0), q.shape(1), k_cache.shape(1), q.shape(2), k_cache.shape(2), scale,
+                    window};
+        if (k_cache.shape(3) != s.hd || s.H % s.KV || slots.size() != s.T ||
+            positions.size() != s.T || out.size() != q.size())
+          throw std::invalid_argument("attention: inconsistent shapes");
+        const float* qp = ptr_of<float>(q, "q");
+        const float* kp = ptr_of<float>(k_cache, "k_cache");
+        const float* vp = ptr_of<float>(v_cache, "v_cache");
+        const int64_t* sp = ptr_of<int64_t>(slots, "slots");
+        const int64_t* pp = ptr_of<int64_t>(positions, "positions");
+        for (int64_t t = 0; t < s.T; ++t)
+          if (pp[t] < 0 || pp[t] >= s.cap || sp[t] < 0 || sp[t] >= k_cache.shape(0))
+            throw std::out_of_range("attention: position or slot out of the cache");
+        float* op = ptr_of<float>(out, "out");
+        py::gil_scoped_release nogil;
+        attention(qp, s.H * s.hd, kp, vp, sp, pp, s, op, s.H * s.hd, tl_scores);
+      },
+      py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"),
+      py::arg("positions"), py::arg("scale"), py::arg("window"), py::arg("out"));
+
+}

@@ -1,0 +1,134 @@
+// Transformer ops: dispatch + portable scalar reference (the AVX2 twins are in ops_avx2.cpp).
+#include "ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace sl {
+
+namespace scalar {
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < D; ++i) ss += double(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(float(ss / double(D)) + eps);
+  for (int64_t i = 0; i < D; ++i) out[i] = x[i] * inv * w[i];
+}
+
+void swiglu(const float* g, const float* u, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void softmax_inplace(float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += (x[i] = std::exp(x[i] - m));
+  const float inv = 1.0f / s;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+}  // namespace scalar
+
+void rms_norm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
+  const bool v = use_avx2();
+#pragma omp parallel for schedule(static) if (T > 16)
+  for (int64_t t = 0; t < T; ++t) {
+    if (v) avx2::rms_norm_row(x + t * D, w, out + t * D, D, eps);
+    else scalar::rms_norm_row(x + t * D, w, out + t * D, D, eps);
+  }
+}
+
+void rope_tables(const int64_t* pos, int64_t T, const double* inv_freq, int64_t half, float* cos,
+                 float* sin) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double ang = double(pos[t]) * inv_freq[i];
+      cos[t * half + i] = float(std::cos(ang));
+      sin[t * half + i] = float(std::sin(ang));
+    }
+}
+
+void apply_rope(float* x, int64_t T, int64_t heads, int64_t hd, int64_t ldx, const float* cos,
+                const float* sin) {
+  // Elementwise and short: the compiler vectorizes this loop in either ISA build.
+  const int64_t half = hd / 2;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* a = x + t * ldx + h * hd;
+      float* b = a + half;
+      const float* c = cos + t * half;
+      const float* s = sin + t * half;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = a[i], x2 = b[i];
+        a[i] = x1 * c[i] - x2 * s[i];
+        b[i] = x2 * c[i] + x1 * s[i];
+      }
+    }
+}
+
+void swiglu(const float* g, const float* u, float* out, int64_t n) {
+  const bool v = use_avx2();
+  constexpr int64_t kChunk = 4096;  // parallel only when it pays (prefill)
+  const int64_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (nchunks > 2)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t i0 = c * kChunk, m = std::min(kChunk, n - i0);
+    if (v) avx2::swiglu(g + i0, u + i0, out + i0, m);
+    else scalar::swiglu(g + i0, u + i0, out + i0, m);
+  }
+}
+
+void add_inplace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void softmax_inplace(float* x, int64_t n) {
+  if (use_avx2()) avx2::softmax_inplace(x, n); else scalar::softmax_inplace(x, n);
+}
+
+void attention(const float* q, int64_t ldq, const float* kc, const float* vc, const int64_t* slots,
+               const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
+               std::vector<float>& scores) {
+  const bool v = use_avx2();
+  const int64_t group = s.H / s.KV;
+  if (int64_t(scores.size()) < omp_get_max_threads() * s.cap)
+    scores.resize(size_t(omp_get_max_threads() * s.cap));
+  auto dot = v ? avx2::dot : scalar::dot;
+  auto axpy = v ? avx2::axpy : scalar::axpy;
+  auto softmax = v ? avx2::softmax_inplace : scalar::softmax_inplace;
+  // One task per (token, head); causal prefill rows differ in length -> dynamic schedule.
+  // Work ~ T * H * keys * hd; small problems stay on one thread (see linear.cpp).
+  int64_t keys = 0;
+  for (int64_t t = 0; t < s.T; ++t) keys += pos[t] + 1;
+#pragma omp parallel for schedule(dynamic, 4) if (keys * s.H * s.hd >= (int64_t(1) << 16))
+  for (int64_t th = 0; th < s.T * s.H; ++th) {
+    const int64_t t = th / s.H, h = th % s.H, kvh = h / group;
+    const int64_t p = pos[t];
+    const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
+    const int64_t n = p + 1 - first;
+    const float* qv = q + t * ldq + h * s.hd;
+    const float* K = kc + ((slots[t] * s.KV + kvh) * s.cap + first) * s.hd;  // (n, hd)
+    const float* V = vc + ((slots[t] * s.KV + kvh) * s.cap + first) * s.hd;
+    float* sc = scores.data() + omp_get_thread_num() * s.cap;
+    for (int64_t j = 0; j < n; ++j) sc[j] = dot(qv, K + j * s.hd, s.hd) * s.scale;
+    softmax(sc, n);
+    float* o = out + t * ldo + h * s.hd;
+    std::fill(o, o + s.hd, 0.f);
+    for (int64_t j = 0; j < n; ++j) axpy(sc[j], V + j * s.hd, o, s.hd);
+  }
+}
+
+}  // namespace sl

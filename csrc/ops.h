@@ -1,0 +1,60 @@
+// Non-GEMM transformer kernels: RMSNorm, RoPE, SwiGLU, residual add, softmax, causal GQA
+// attention over a KV cache. Each dispatches to ops_avx2.cpp or the scalar code in ops.cpp.
+#pragma once
+
+#include <vector>
+
+#include "common.h"
+
+namespace sl {
+
+// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w; x, out: (T, D) (may alias).
+void rms_norm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps);
+
+// cos/sin: (T, half) from angle = pos[t] * inv_freq[i], computed in double like the reference.
+void rope_tables(const int64_t* pos, int64_t T, const double* inv_freq, int64_t half, float* cos,
+                 float* sin);
+
+// Half-split ("rotate_half") RoPE in place. x: T rows of `heads` x hd at row stride ldx.
+void apply_rope(float* x, int64_t T, int64_t heads, int64_t hd, int64_t ldx, const float* cos,
+                const float* sin);
+
+// out = silu(g) * u, elementwise over n (out may alias g or u).
+void swiglu(const float* g, const float* u, float* out, int64_t n);
+
+// x += y, elementwise over n.
+void add_inplace(float* x, const float* y, int64_t n);
+
+// Numerically stable softmax of a row, in place.
+void softmax_inplace(float* x, int64_t n);
+
+// Causal grouped-query attention for a flat batch of T query tokens.
+//   q:    (T, H, hd) rows at stride ldq;  out: (T, H, hd) rows at stride ldo
+//   kc/vc: one layer's cache (slots, KV, cap, hd); token t reads slot slots[t], keys
+//          [max(0, p - window + 1), p] with p = pos[t] (window <= 0: no sliding window).
+// scores: scratch of at least threads * cap floats.
+struct AttnShape {
+  int64_t T, H, KV, hd, cap;
+  float scale;
+  int64_t window;
+};
+void attention(const float* q, int64_t ldq, const float* kc, const float* vc, const int64_t* slots,
+               const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
+               std::vector<float>& scores);
+
+namespace scalar {
+float dot(const float* a, const float* b, int64_t n);
+void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
+void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
+void swiglu(const float* g, const float* u, float* out, int64_t n);
+void softmax_inplace(float* x, int64_t n);
+}  // namespace scalar
+namespace avx2 {
+float dot(const float* a, const float* b, int64_t n);
+void axpy(float a, const float* x, float* y, int64_t n);
+void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
+void swiglu(const float* g, const float* u, float* out, int64_t n);
+void softmax_inplace(float* x, int64_t n);
+}  // namespace avx2
+
+}  // namespace sl

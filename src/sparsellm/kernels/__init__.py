@@ -1,0 +1,28 @@
+"""Python face of the native CPU kernels (sparsellm._native) and their NumPy reference twins.
+
+    w = pack(W, "sparse_int8_a8", mask)      # load time: quantize + lay out for streaming
+    y = linear(x, w)                         # x (T, in) -> (T, out), GEMV for T == 1
+
+Formats: see `FORMATS` and kernels/formats.py. `reference` holds the NumPy twins.
+"""
+
+from .formats import FORMATS, FormatSpec, PackedWeight, pack, pack_quantized, parse_format
+from .ops import (
+    add_,
+    attention,
+    get_isa,
+    get_num_threads,
+    linear,
+    rms_norm,
+    rope,
+    set_isa,
+    set_num_threads,
+    softmax,
+    swiglu,
+)
+
+__all__ = [
+    "FORMATS", "FormatSpec", "PackedWeight", "add_", "attention", "get_isa", "get_num_threads",
+    "linear", "pack", "pack_quantized", "parse_format", "rms_norm", "rope", "set_isa",
+    "set_num_threads", "softmax", "swiglu",
+]

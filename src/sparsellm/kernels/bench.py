@@ -1,0 +1,170 @@
+"""GEMV micro-benchmark: achieved weight bandwidth (GB/s) per format at SmolLM2-135M shapes.
+
+    python -m sparsellm.kernels.bench [--formats int8,sparse_int8_a8] [--threads 1,2] [--isa avx2]
+
+Decode is memory-bound, so GB/s = packed bytes of the matrix / time per GEMV says how close a
+kernel is to the machine's read bandwidth. Each measurement cycles through enough copies of the
+matrix to exceed the last-level cache, so the weights really come from DRAM. The last column
+estimates the per-token time of all 135M-model linear layers (30 layers + lm_head) in that
+format -- the number that decides decode tokens/s -- and its bandwidth as a percentage of a
+plain streaming read measured in the same run (%ceil). "hot GB/s" runs 576x576 from cache: the
+kernel's compute ceiling; a format is memory-bound when hot GB/s * threads > DRAM bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from . import get_num_threads, pack, set_isa, set_num_threads
+from ._ext import native
+from .formats import FORMATS, parse_format
+
+# SmolLM2-135M: (out, in) of q/o, k/v, gate/up, down, lm_head; and how often each runs per token
+SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
+PER_TOKEN = {(576, 576): 60, (192, 576): 60, (1536, 576): 60, (576, 1536): 30, (49152, 576): 1}
+DEFAULT_FORMATS = ["fp32", "fp16", "bf16", "int8", "int8_a8", "int4_g32", "int4_g32_asym",
+                   "int4_g128", "sparse_fp32", "sparse_int8", "sparse_int8_a8", "sparse_int4_g32",
+                   "2:4_int8", "2:4_int8_a8"]
+CACHE_BYTES = 96 << 20  # > last-level cache
+
+
+def make_weight(rng: np.random.Generator, shape: tuple[int, int], fmt: str):
+    w = rng.standard_normal(shape).astype(np.float32)
+    kind = parse_format(fmt).kind
+    if kind.startswith("2:4"):
+        keep = np.argsort(rng.random((shape[0], shape[1] // 4, 4)), axis=2)[:, :, :2]
+        m = np.zeros((shape[0], shape[1] // 4, 4), bool)
+        np.put_along_axis(m, keep, True, axis=2)
+        return pack(w, fmt, m.reshape(shape))
+    if kind.startswith("sparse"):
+        return pack(w, fmt, rng.random(shape) < 0.5)  # 50% unstructured
+    return pack(w, fmt)
+
+
+def bench_gemv(fmt: str, shape: tuple[int, int], min_time: float = 0.2,
+               hot: bool = False) -> tuple[float, int]:
+    """(seconds per GEMV, packed bytes) for one format and shape. hot: the matrix stays in
+    cache, which measures the kernel's compute ceiling instead of DRAM bandwidth."""
+    rng = np.random.default_rng(0)
+    p = make_weight(rng, shape, fmt)
+    copies = 1 if hot else max(1, -(-CACHE_BYTES // p.nbytes))
+    # Copies share nothing: re-pack would be slow, so copy the buffers.
+    ws = [p.native()]
+    for _ in range(copies - 1):
+        q = type(p)(format=p.format, shape=p.shape, kp=p.kp,
+                    arrays={k: v.copy() for k, v in p.arrays.items()})
+        ws.append(q.native())
+    x = rng.standard_normal((1, shape[1])).astype(np.float32)
+    iters = copies
+    while True:
+        t0 = time.perf_counter()
+        dt = native().bench_linear(ws, x, iters)
+        if time.perf_counter() - t0 > min_time:
+            return dt, p.nbytes
+        iters *= 4
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+                    help=f"comma list from: {', '.join(FORMATS)}")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--isa", default="auto", choices=["auto", "avx2", "scalar"])
+    ap.add_argument("--model", action="store_true",
+                    help="also time decode/prefill of a random 135M-shaped native model")
+    ap.add_argument("--gemv", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args(argv)
+    set_isa(args.isa)
+    saved = get_num_threads()
+    shape_names = ["576x576", "192x576", "1536x576", "576x1536", "49152x576"]
+    print(f"GEMV GB/s (packed weight bytes / time), isa={native().get_isa()}; "
+          "sparse = 50% unstructured, 2:4 = 50%")
+    for nt in (int(t) for t in args.threads.split(",")):
+        set_num_threads(nt)
+        if not args.gemv:
+            print(f"\nthreads={nt}")
+            main_model(args.formats.split(","))
+            continue
+        ceiling = native().read_bandwidth(256 << 20)
+        print(f"\nthreads={nt}: plain streaming read {ceiling:.1f} GB/s (same run)")
+        print(f"{'format':<16}" + "".join(f"{s:>11}" for s in shape_names) +
+              f"{'MB/token':>10}{'ms/token':>10}{'%ceil':>7}{'hot GB/s':>10}")
+        for fmt in args.formats.split(","):
+            cells, total_s, total_b = [], 0.0, 0
+            for shape in SHAPES:
+                dt, nbytes = bench_gemv(fmt, shape)
+                cells.append(f"{nbytes / dt / 1e9:11.1f}")
+                total_s += PER_TOKEN[shape] * dt
+                total_b += PER_TOKEN[shape] * nbytes
+            pct = 100 * total_b / total_s / 1e9 / ceiling
+            dt, nbytes = bench_gemv(fmt, (576, 576), hot=True)
+            print(f"{fmt:<16}" + "".join(cells) + f"{total_b / 1e6:10.1f}{total_s * 1e3:10.2f}"
+                  f"{pct:7.0f}{nbytes / dt / 1e9:10.1f}", flush=True)
+        if args.model:
+            main_model(args.formats.split(","))
+    set_num_threads(saved)
+
+
+def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, float, int]:
+    """Random SmolLM2-135M-shaped NativeLlamaModel in one format (lm_head: the dense twin of
+    the format): (decode tokens/s, prefill tokens/s, packed weight bytes)."""
+    from ..models.llama import ModelArgs, layer_weight_names, linear_weight_names
+    from .native_model import NativeLlamaModel
+
+    args = ModelArgs(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                     tie_word_embeddings=True, rope_theta=100000.0)
+    rng = np.random.default_rng(0)
+    tensors = {"model.embed_tokens.weight": rng.standard_normal((49152, 576), np.float32) * .02,
+               "model.norm.weight": np.ones(576, np.float32)}
+    masks = {}
+    for i in range(args.num_hidden_layers):
+        for name in layer_weight_names(args, i):
+            if name.endswith("layernorm.weight"):
+                tensors[name] = np.ones(576, np.float32)
+                continue
+            rows = {"q_": 576, "k_": 192, "v_": 192, "o_": 576, "ga": 1536, "up": 1536,
+                    "do": 576}[name.split(".")[-2][:2]]
+            cols = 1536 if "down" in name else 576
+            tensors[name] = rng.standard_normal((rows, cols), np.float32) * .05
+            p = make_weight(rng, (rows, cols), fmt)  # for the mask only
+            if p.spec.kind.startswith(("sparse", "2:4")):
+                from .reference import dequantize
+                masks[name] = dequantize(p) != 0
+    head_fmt = {"sparse_": "", "2:4_": ""}
+    dense = fmt
+    for prefix in head_fmt:
+        dense = dense.removeprefix(prefix)
+    formats = dict.fromkeys(linear_weight_names(args), fmt)
+    formats["lm_head.weight"] = dense
+    model = NativeLlamaModel(args, tensors, formats, masks=masks, max_tokens=prompt)
+    cache = (1, 1, 3, prompt + steps + 1, 64)
+    k, v = np.zeros((30, *cache[1:]), np.float32), np.zeros((30, *cache[1:]), np.float32)
+    tokens = rng.integers(0, 49152, prompt)
+    zeros = np.zeros(prompt, np.int64)
+    t0 = time.perf_counter()
+    model.forward(tokens, zeros, np.arange(prompt), k, v, np.array([prompt - 1]))
+    prefill = prompt / (time.perf_counter() - t0)
+    one = np.zeros(1, np.int64)
+    t0 = time.perf_counter()
+    for s in range(steps):
+        model.forward(tokens[s:s + 1], one, np.array([prompt + s]), k, v, one)
+    decode = steps / (time.perf_counter() - t0)
+    return decode, prefill, model.weight_bytes
+
+
+def main_model(formats: list[str]) -> None:
+    print("\nRandom SmolLM2-135M-shaped model, NativeLlamaModel (lm_head in the dense twin "
+          "format), prompt 128, 32 decode steps")
+    print(f"{'format':<16}{'MB':>8}{'decode tok/s':>14}{'GB/s':>8}{'prefill tok/s':>15}")
+    for fmt in formats:
+        decode, prefill, nbytes = bench_model(fmt)
+        print(f"{fmt:<16}{nbytes / 1e6:8.1f}{decode:14.1f}{decode * nbytes / 1e9:8.1f}"
+              f"{prefill:15.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""NativeLlamaModel: the whole Llama forward as one native call per step.
+
+A drop-in for `sparsellm.models.llama.LlamaModel` where the engine runs a model: built from the
+same `ModelArgs` + canonical tensors dict, `forward` takes the same arguments and returns the
+same logits. Each linear weight is packed in the format chosen for it (any mix), e.g.
+
+    formats = {name: "sparse_int8_a8" for name in linear_weight_names(args)}
+    formats["lm_head.weight"] = "int8_a8"
+    model = NativeLlamaModel(args, tensors, formats, masks=masks)
+    logits = model.forward(tokens, slots, positions, k_cache, v_cache, logit_rows)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..models.llama import ModelArgs, linear_weight_names
+from ..models.rope import rope_inv_freq
+from . import reference
+from ._ext import native
+from .formats import PackedWeight, pack
+
+# C++ layer-dict key -> canonical name suffix inside "model.layers.{i}."
+_LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+           "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
+           "down": "mlp.down_proj"}
+
+
+class NativeLlamaModel:
+    """Packed weights + a native forward over a flat batch of tokens (see LlamaModel.forward)."""
+
+    def __init__(
+        self,
+        args: ModelArgs,
+        tensors: Mapping[str, np.ndarray],
+        formats: str | Mapping[str, str] = "fp32",
+        *,
+        masks: Mapping[str, np.ndarray] | None = None,
+        packed: Mapping[str, PackedWeight] | None = None,
+        max_tokens: int = 512,
+    ):
+        """formats: one format for every linear weight, or {canonical name: format} (names
+        missing from the dict stay fp32). masks: {name: kept-weights bool mask} for sparse
+        formats (default: the weight's nonzeros). packed: already packed weights (e.g. exact
+        integers from a compressed checkpoint), used as they are. max_tokens: largest number of
+        tokens per native call; longer batches are split into chunks."""
+        self.args = args
+        self.max_tokens = int(max_tokens)
+        masks = masks or {}
+        packed = dict(packed or {})
+        names = linear_weight_names(args)
+        if isinstance(formats, str):
+            formats = dict.fromkeys(names, formats)
+        unknown = set(formats) - set(names)
+        if unknown:
+            raise ValueError(f"formats given for unknown weights {sorted(unknown)[:3]}; "
+                             f"linear weights are e.g. {names[0]!r}, 'lm_head.weight'")
+        embed = np.ascontiguousarray(tensors["model.embed_tokens.weight"], dtype=np.float32)
+        head = tensors.get("lm_head.weight", embed)  # tied embeddings
+        self.packed: dict[str, PackedWeight] = {}
+        for name in names:
+            if name in packed:
+                self.packed[name] = packed[name]
+                continue
+            w = head if name == "lm_head.weight" else tensors[name]
+            self.packed[name] = pack(w, formats.get(name, "fp32"), masks.get(name))
+
+        def vec(name: str) -> np.ndarray | None:
+            t = tensors.get(name)
+            return None if t is None else np.ascontiguousarray(t, dtype=np.float32)
+
+        layers = []
+        for i in range(args.num_hidden_layers):
+            p = f"model.layers.{i}."
+            d = {key: self.packed[p + base + ".weight"].native() for key, base in _LINEAR.items()}
+            d["attn_norm"] = vec(p + "input_layernorm.weight")
+            d["mlp_norm"] = vec(p + "post_attention_layernorm.weight")
+            for key in "qkvo":
+                d[f"b{key}"] = vec(p + f"self_attn.{key}_proj.bias")
+            layers.append(d)
+        inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling,
+                                 tensors.get("rope_freqs.weight"))
+        config = {
+            "hidden": args.hidden_size, "intermediate": args.intermediate_size,
+            "heads": args.num_attention_heads, "kv_heads": args.num_key_value_heads,
+            "head_dim": args.head_dim, "vocab": args.vocab_size, "eps": float(args.rms_norm_eps),
+            "sliding_window": int(args.sliding_window or 0), "max_tokens": self.max_tokens,
+            "inv_freq": [float(f) for f in np.asarray(inv_freq, dtype=np.float64)],
+        }
+        self._tensors = tensors
+        self._model = native().NativeModel(config, layers, embed,
+                                           vec("model.norm.weight"),
+                                           self.packed["lm_head.weight"].native())
+
+    @property
+    def weight_bytes(self) -> int:
+        """Packed bytes of all linear weights: what one decode step streams from memory."""
+        return sum(p.nbytes for p in self.packed.values())
+
+    def forward(
+        self,
+        tokens: np.ndarray,
+        slots: np.ndarray,
+        positions: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        logit_rows: np.ndarray,
+    ) -> np.ndarray:
+        """Same contract as LlamaModel.forward; k_cache/v_cache (layers, slots, kv_heads,
+        capacity, head_dim) float32 C-contiguous are written in place. -> (len(logit_rows), vocab)
+        """
+        i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+        tokens, slots, positions, rows = i64(tokens), i64(slots), i64(positions), i64(logit_rows)
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if c.dtype != np.float32 or not c.flags.c_contiguous:
+                raise ValueError(f"{name} must be a C-contiguous float32 array")
+        out = np.empty((rows.size, self.args.vocab_size), dtype=np.float32)
+        T, M = tokens.size, self.max_tokens
+        if T <= M:
+            self._model.forward(tokens, slots, positions, k_cache, v_cache, rows, out)
+            return out
+        # Chunks run in order, so a later chunk sees the keys/values the earlier ones wrote.
+        for c0 in range(0, T, M):
+            c1 = min(T, c0 + M)
+            sel = np.flatnonzero((rows >= c0) & (rows < c1))
+            part = np.empty((sel.size, self.args.vocab_size), dtype=np.float32)
+            self._model.forward(tokens[c0:c1], slots[c0:c1], positions[c0:c1], k_cache,
+                                v_cache, rows[sel] - c0, part)
+            out[sel] = part
+        return out
+
+    def dequantized_tensors(self) -> dict[str, np.ndarray]:
+        """The tensors dict with every linear weight replaced by what the kernels multiply by
+        (for LlamaModel reference runs and quality checks)."""
+        out = dict(self._tensors)
+        for name, p in self.packed.items():
+            out[name] = reference.dequantize(p)
+        return out

@@ -1,0 +1,97 @@
+"""NumPy-in / NumPy-out wrappers of the native kernels (the GIL is released inside)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._ext import native
+from .formats import PackedWeight
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def linear(x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
+    """y = x @ W.T. x: (T, in) or (in,) -> (T, out) or (out,). T == 1 runs the GEMV kernel of
+    the format, T > 1 decodes weight panels once and runs a blocked GEMM."""
+    x = _f32(x)
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear: x must be (T, {w.shape[1]}) for a {w.shape} weight, "
+                         f"got {x.shape}")
+    x2 = x.reshape(-1, w.shape[1])
+    if out is None:
+        out = np.empty((x2.shape[0], w.shape[0]), dtype=np.float32)
+    native().linear(x2, w.native(), out.reshape(x2.shape[0], w.shape[0]))
+    return out.reshape(*np.shape(x)[:-1], w.shape[0])
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2, -1) + eps) * weight over the last axis."""
+    x = _f32(x)
+    out = np.empty_like(x)
+    native().rms_norm(x, _f32(weight), float(eps), out)
+    return out
+
+
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Half-split ("rotate_half") RoPE of x (T, heads, head_dim); returns a new array."""
+    out = np.array(x, dtype=np.float32, order="C", copy=True)
+    native().rope_(out, np.ascontiguousarray(positions, dtype=np.int64),
+                   np.ascontiguousarray(inv_freq, dtype=np.float64))
+    return out
+
+
+def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """silu(g) * u."""
+    g, u = _f32(g), _f32(u)
+    out = np.empty_like(g)
+    native().swiglu(g, u, out)
+    return out
+
+
+def add_(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """x += y in place (residual add); returns x."""
+    native().add_(x, _f32(y))
+    return x
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis."""
+    out = np.array(x, dtype=np.float32, order="C", copy=True)
+    native().softmax_(out)
+    return out
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray,
+              positions: np.ndarray, scale: float, window: int | None = None) -> np.ndarray:
+    """Causal grouped-query attention of T query tokens over a KV cache.
+
+    q: (T, H, hd); k_cache, v_cache: (slots, KV, capacity, hd) holding positions 0..p of each
+    sequence; token t (sequence slots[t], position positions[t]) attends to keys 0..p (the
+    last `window` of them with a sliding window) -> (T, H, hd).
+    """
+    q = _f32(q)
+    out = np.empty_like(q)
+    native().attention(q, k_cache, v_cache, np.ascontiguousarray(slots, dtype=np.int64),
+                       np.ascontiguousarray(positions, dtype=np.int64), float(scale),
+                       int(window or 0), out)
+    return out
+
+
+def set_isa(name: str) -> None:
+    """Kernel ISA: 'avx2', 'scalar' (portable reference path) or 'auto' (best supported)."""
+    native().set_isa(name)
+
+
+def get_isa() -> str:
+    return native().get_isa()
+
+
+def set_num_threads(n: int) -> None:
+    """OpenMP threads for all kernels; n <= 0 means all cores (the default)."""
+    native().set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    return native().get_num_threads()

@@ -1,0 +1,159 @@
+"""NumPy reference twins of the native kernels (the ground truth the tests compare against).
+
+Packed weights are decoded from their buffers (so the packing layouts are checked too), then
+`linear` is plain `x @ W.T` -- for `*_a8` formats with x first quantized to
+per-token int8 and dequantized, which equals the integer dots the W8A8 kernels compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import _SLOT_CHUNK, PackedWeight
+
+
+def _unpack_bitmask(p: PackedWeight, values: np.ndarray) -> np.ndarray:
+    """Scatter the kept values back to a dense (out, kp) matrix."""
+    mask = np.unpackbits(p.arrays["mask"], axis=1, bitorder="little").astype(bool)
+    dense = np.zeros(mask.shape, dtype=values.dtype)
+    dense[mask] = values[: int(mask.sum())]
+    return dense
+
+
+def _unpack_nibble_stream(p: PackedWeight) -> np.ndarray:
+    mask = np.unpackbits(p.arrays["mask"], axis=1, bitorder="little").astype(bool)
+    data, row_off = p.arrays["data"], p.arrays["row_off"]
+    dense = np.zeros(mask.shape, dtype=np.int8)
+    for r in range(mask.shape[0]):
+        n = int(mask[r].sum())
+        b = data[row_off[r]: row_off[r] + (n + 1) // 2]
+        nib = np.stack([b & 15, b >> 4], axis=1).reshape(-1)[:n].astype(np.int8)
+        dense[r, mask[r]] = np.where(nib >= 8, nib - 16, nib)
+    return dense
+
+
+def _unpack_sparse24(p: PackedWeight) -> np.ndarray:
+    out, kp = p.shape[0], p.kp
+    nb = kp // 64
+    vals = p.arrays["data"].reshape(out, nb, 4, 8)
+    meta = p.arrays["meta"].reshape(out, nb, 1, 1)
+    s = np.arange(4).reshape(1, 1, 4, 1).astype(np.uint64)
+    b = np.arange(8).reshape(1, 1, 1, 8).astype(np.uint64)
+    sel = ((meta >> (8 * b + 2 * s)) & np.uint64(3)).astype(np.int64)  # (out, nb, slot, b)
+    chunk = np.array(_SLOT_CHUNK).reshape(1, 1, 4, 1)
+    col = 64 * np.arange(nb).reshape(1, nb, 1, 1) + 16 * chunk + 4 * (b.astype(np.int64) // 2) + sel
+    dense = np.zeros((out, kp), dtype=np.int8)
+    rows = np.broadcast_to(np.arange(out).reshape(out, 1, 1, 1), col.shape)
+    dense[rows.ravel(), col.ravel()] = vals.ravel()
+    return dense
+
+
+def int_weights(p: PackedWeight) -> tuple[np.ndarray, np.ndarray]:
+    """int8-family formats -> (q int8 (out, kp), per-row scale (out,))."""
+    kind = p.spec.kind
+    if kind == "int8":
+        q = p.arrays["data"]
+    elif kind == "sparse_int8":
+        q = _unpack_bitmask(p, p.arrays["data"])
+    elif kind == "2:4_int8":
+        q = _unpack_sparse24(p)
+    else:
+        raise ValueError(f"{p.format} has no per-row int8 weights")
+    return q, p.arrays["scale"]
+
+
+def dequantize(p: PackedWeight) -> np.ndarray:
+    """Packed weight -> dense fp32 (out, in): what every kernel multiplies by."""
+    kind, a = p.spec.kind, p.arrays
+    out = p.shape[0]
+    if kind == "fp32":
+        w = a["data"]
+    elif kind == "fp16":
+        w = a["data"].view(np.float16).astype(np.float32)
+    elif kind == "bf16":
+        w = (a["data"].astype(np.uint32) << 16).view(np.float32)
+    elif kind in ("int8", "sparse_int8", "2:4_int8"):
+        q, scale = int_weights(p)
+        w = q.astype(np.float32) * scale[:, None]
+    elif kind == "int4":
+        b = a["data"].reshape(out, -1, 1, 16)
+        q = np.concatenate([b & 15, b >> 4], axis=2).reshape(out, p.kp).astype(np.float32)
+        G = p.spec.group
+        z = a["zero"].astype(np.float32) if "zero" in a else np.float32(8)
+        z = np.broadcast_to(z, a["scale"].shape)
+        w = ((q.reshape(out, -1, G) - z[..., None]) * a["scale"][..., None]).reshape(out, p.kp)
+    elif kind == "sparse_int4":
+        q = _unpack_nibble_stream(p).astype(np.float32)
+        G = p.spec.group
+        w = (q.reshape(out, -1, G) * a["scale"][..., None]).reshape(out, p.kp)
+    elif kind == "sparse_fp32":
+        w = _unpack_bitmask(p, a["data"])
+    else:  # pragma: no cover
+        raise AssertionError(kind)
+    return np.ascontiguousarray(w[:, : p.shape[1]], dtype=np.float32)
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic symmetric per-token int8: x ~= xq * scale[:, None] (twin of quantize_row)."""
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.abs(x).max(axis=-1)
+    safe = np.where(amax > 0, amax, np.float32(1))
+    inv = (np.float32(127) / safe).astype(np.float32)
+    xq = np.rint(x * inv[:, None]).astype(np.int8)
+    scale = np.where(amax > 0, amax / np.float32(127), 0).astype(np.float32)
+    return xq, scale
+
+
+def linear(x: np.ndarray, p: PackedWeight) -> np.ndarray:
+    """Reference y = x @ W.T for x (T, in) -> (T, out) fp32."""
+    x = np.asarray(x, dtype=np.float32)
+    if p.spec.act_int8:
+        # The kernels' integer dots times the scales == dequantized x times dequantized W.
+        xq, xscale = quantize_activations(x)
+        x = xq.astype(np.float64) * xscale[:, None]
+    return (x.astype(np.float64) @ dequantize(p).astype(np.float64).T).astype(np.float32)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    return (x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * weight).astype(
+        np.float32)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """Half-split RoPE. x: (T, heads, hd); angles from positions and inv_freq (hd/2,)."""
+    ang = positions.astype(np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]
+    c = np.cos(ang).astype(np.float32)[:, None, :]
+    s = np.sin(ang).astype(np.float32)[:, None, :]
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    g64 = g.astype(np.float64)
+    return (g64 / (1.0 + np.exp(-g64)) * u).astype(np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray,
+              positions: np.ndarray, scale: float, window: int = 0) -> np.ndarray:
+    """Causal GQA. q: (T, H, hd); caches (slots, KV, cap, hd); token t of slot slots[t] at
+    positions[t] attends to keys [max(0, p - window + 1), p] (window 0: all) -> (T, H, hd)."""
+    T, H, hd = q.shape
+    KV = k_cache.shape[1]
+    out = np.zeros_like(q)
+    for t in range(T):
+        p = int(positions[t])
+        first = max(0, p - window + 1) if window > 0 else 0
+        for h in range(H):
+            k = k_cache[slots[t], h // (H // KV), first: p + 1].astype(np.float64)
+            v = v_cache[slots[t], h // (H // KV), first: p + 1].astype(np.float64)
+            s = k @ q[t, h].astype(np.float64) * scale
+            w = np.exp(s - s.max())
+            out[t, h] = (w / w.sum()) @ v
+    return out

@@ -1,0 +1,138 @@
+"""Every packed format x both ISAs x GEMV/GEMM against the NumPy reference twins."""
+
+import numpy as np
+import pytest
+
+from sparsellm import kernels
+from sparsellm.kernels import reference as ref
+from sparsellm.kernels.formats import FORMATS, parse_format
+
+# (out, in): odd sizes exercise row splits across threads and column padding to 64.
+SHAPES = [(37, 96), (64, 200), (5, 64)]
+TOKENS = [1, 3, 17]
+
+
+def random_weight(rng, shape, fmt):
+    w = rng.standard_normal(shape).astype(np.float32) * 0.1
+    kind = parse_format(fmt).kind
+    if kind.startswith("2:4"):
+        # keep the 2 largest of every 4 (pad the last partial group with pruned columns)
+        out, cols = shape
+        cp = -(-cols // 4) * 4
+        wp = np.zeros((out, cp), np.float32)
+        wp[:, :cols] = w
+        g = np.abs(wp).reshape(out, -1, 4)
+        keep = np.argsort(g, axis=2)[:, :, 2:]
+        m = np.zeros_like(g, dtype=bool)
+        np.put_along_axis(m, keep, True, axis=2)
+        return w, m.reshape(out, cp)[:, :cols]
+    if kind.startswith("sparse"):
+        return w, rng.random(shape) < 0.5
+    return w, None
+
+
+def tolerance(fmt):
+    # fp32 accumulation order differs between kernels and the float64 reference
+    return dict(rtol=2e-4, atol=2e-4) if parse_format(fmt).act_int8 else dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_linear_matches_reference(isa, rng, fmt, shape):
+    w, mask = random_weight(rng, shape, fmt)
+    p = kernels.pack(w, fmt, mask)
+    for T in TOKENS:
+        x = rng.standard_normal((T, shape[1])).astype(np.float32)
+        np.testing.assert_allclose(kernels.linear(x, p), ref.linear(x, p), **tolerance(fmt),
+                                   err_msg=f"{fmt} {shape} T={T} {isa}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantized_weights_are_close_to_the_original(rng, fmt):
+    w, mask = random_weight(rng, (16, 128), fmt)
+    p = kernels.pack(w, fmt, mask)
+    target = w if mask is None else w * mask
+    bits = parse_format(fmt).kind
+    rtol = {"fp16": 2 ** -11, "bf16": 2 ** -8}.get(bits, 0)  # half an ulp of the storage type
+    atol = 0 if bits in ("fp32", "sparse_fp32", "fp16", "bf16") else None
+    if atol is None:  # quantized: half a step of the coarsest scale
+        atol = 0.5 * np.abs(w).max() / (7 if "int4" in bits else 127) + 1e-7
+        if "asym" in fmt:
+            atol *= 2
+    np.testing.assert_allclose(ref.dequantize(p), target, rtol=rtol, atol=atol)
+    if mask is not None:
+        assert (ref.dequantize(p)[~mask] == 0).all()
+
+
+def test_sparse_bytes_shrink_with_density(rng):
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    mask = rng.random(w.shape) < 0.5
+    dense = kernels.pack(w, "int8").nbytes
+    sparse = kernels.pack(w, "sparse_int8", mask).nbytes
+    s24 = kernels.pack(w, "2:4_int8", random_weight(rng, w.shape, "2:4_int8")[1]).nbytes
+    # 0.5 byte of values + 1/8 byte of mask per weight
+    assert sparse < 0.7 * dense and s24 < 0.7 * dense
+
+
+def test_activation_quantization_twin(isa, rng):
+    # W8A8 through the native path and the reference must agree within one LSB flip at most.
+    w = rng.standard_normal((32, 128)).astype(np.float32)
+    p = kernels.pack(w, "int8_a8")
+    x = np.zeros((1, 128), np.float32)  # all-zero token: scale 0, output 0
+    assert (kernels.linear(x, p) == 0).all()
+
+
+def test_bad_inputs_raise_actionable_errors(rng):
+    with pytest.raises(ValueError, match="accepted"):
+        kernels.pack(np.zeros((4, 64), np.float32), "int3")
+    with pytest.raises(ValueError, match="more than 2"):
+        kernels.pack(np.ones((4, 64), np.float32), "2:4_int8", np.ones((4, 64), bool))
+    with pytest.raises(ValueError, match="dense"):
+        kernels.pack(np.ones((4, 64), np.float32), "int8", np.ones((4, 64), bool))
+    p = kernels.pack(np.ones((4, 64), np.float32), "fp32")
+    with pytest.raises(ValueError, match="x must be"):
+        kernels.linear(np.ones((2, 65), np.float32), p)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int8_a8", "int4_g32_asym_a8",
+                                 "sparse_int8_a8", "sparse_int4_g64", "2:4_int8_a8"])
+def test_multithreaded_rows_and_panels(isa, rng, fmt):
+    # Large enough that GEMV and GEMM run in parallel regions (small ones stay serial).
+    shape = (515, 256)
+    w, mask = random_weight(rng, shape, fmt)
+    p = kernels.pack(w, fmt, mask)
+    saved = kernels.get_num_threads()
+    try:
+        kernels.set_num_threads(2)
+        for T in (1, 20):
+            x = rng.standard_normal((T, shape[1])).astype(np.float32)
+            np.testing.assert_allclose(kernels.linear(x, p), ref.linear(x, p), **tolerance(fmt))
+    finally:
+        kernels.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("fmt", ["int8_a8", "sparse_int8", "2:4_int8", "int4_g32",
+                                 "int4_g64_asym_a8", "sparse_int4_g32"])
+def test_pack_quantized_keeps_exact_integers(rng, fmt):
+    s = parse_format(fmt)
+    out, cols = 24, 128
+    if s.kind.endswith("int8"):
+        q = rng.integers(-127, 128, (out, cols))
+        scale, zp = rng.random(out).astype(np.float32), None
+    else:
+        lo, hi = (0, 16) if s.asym else (-8, 8)
+        q = rng.integers(lo, hi, (out, cols))
+        scale = rng.random((out, cols // s.group)).astype(np.float32)
+        zp = rng.integers(0, 16, scale.shape) if s.asym else None
+    mask = None
+    if s.kind.startswith("sparse"):
+        mask = rng.random(q.shape) < 0.5
+    elif s.kind.startswith("2:4"):
+        _, mask = random_weight(rng, (out, cols), fmt)
+    p = kernels.pack_quantized(q, scale, fmt, zero_point=zp, mask=mask)
+    G = s.group or cols
+    z = 0 if zp is None else np.repeat(zp, G, axis=1)
+    want = (q - z) * np.repeat(scale.reshape(out, -1), G, axis=1)
+    if mask is not None:
+        want = want * mask
+    np.testing.assert_allclose(ref.dequantize(p), want, rtol=1e-6)

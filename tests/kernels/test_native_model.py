@@ -1,0 +1,175 @@
+"""NativeLlamaModel.forward == LlamaModel.forward (NumPy) on a tiny random Llama."""
+
+import numpy as np
+import pytest
+
+from sparsellm.kernels.formats import parse_format
+from sparsellm.kernels.native_model import NativeLlamaModel
+from sparsellm.models.llama import LlamaModel, ModelArgs, layer_weight_names, linear_weight_names
+
+CONFIG = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=128, rms_norm_eps=1e-5, rope_theta=10000.0)
+SLOTS, CAPACITY = 3, 40
+
+
+def tiny_model(rng, **overrides):
+    args = ModelArgs(**{**CONFIG, **overrides})
+    t = {"model.embed_tokens.weight": rng.standard_normal((args.vocab_size, args.hidden_size)),
+         "model.norm.weight": 1 + 0.1 * rng.standard_normal(args.hidden_size)}
+    for i in range(args.num_hidden_layers):
+        for name in layer_weight_names(args, i):
+            if name.endswith("layernorm.weight"):
+                t[name] = 1 + 0.1 * rng.standard_normal(args.hidden_size)
+            elif name.endswith("bias"):
+                t[name] = 0.1 * rng.standard_normal(_rows(args, name))
+            else:
+                rows, cols = _rows(args, name), _cols(args, name)
+                t[name] = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+    if not args.tie_word_embeddings:
+        t["lm_head.weight"] = rng.standard_normal((args.vocab_size, args.hidden_size)) / 8
+    return args, {k: v.astype(np.float32) for k, v in t.items()}
+
+
+def _rows(a, name):
+    if "q_proj" in name or "o_proj" in name and name.endswith("bias"):
+        return a.num_attention_heads * a.head_dim if "q_proj" in name else a.hidden_size
+    if "k_proj" in name or "v_proj" in name:
+        return a.num_key_value_heads * a.head_dim
+    if "o_proj" in name or "down_proj" in name:
+        return a.hidden_size
+    return a.intermediate_size
+
+
+def _cols(a, name):
+    if "o_proj" in name:
+        return a.num_attention_heads * a.head_dim
+    return a.intermediate_size if "down_proj" in name else a.hidden_size
+
+
+def masks_for(args, tensors, fmt, rng):
+    kind = parse_format(fmt).kind
+    out = {}
+    for name in linear_weight_names(args):
+        w = tensors.get(name, tensors["model.embed_tokens.weight"])
+        if kind.startswith("2:4"):
+            keep = np.argsort(np.abs(w).reshape(w.shape[0], -1, 4), axis=2)[:, :, 2:]
+            m = np.zeros((w.shape[0], w.shape[1] // 4, 4), bool)
+            np.put_along_axis(m, keep, True, axis=2)
+            out[name] = m.reshape(w.shape)
+        elif kind.startswith("sparse"):
+            out[name] = rng.random(w.shape) < 0.5
+    return out
+
+
+def empty_cache(args):
+    shape = (args.num_hidden_layers, SLOTS, args.num_key_value_heads, CAPACITY, args.head_dim)
+    return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+
+
+def run_schedule(model, args):
+    """Prefill two sequences in chunks (one chunk mixes both), then batched decodes of
+    different lengths; returns all logits in order and the final caches."""
+    k, v = empty_cache(args)
+    rng = np.random.default_rng(1)
+    steps = [
+        # (slots, positions): slot 0 prefills 7 tokens, slot 2 prefills 5 in the same batch
+        ([0] * 7 + [2] * 5, list(range(7)) + list(range(5))),
+        ([0] * 4, list(range(7, 11))),           # second prefill chunk of slot 0
+        ([1] * 3, [0, 1, 2]),                    # slot 1 joins
+        ([0, 1, 2], [11, 3, 5]),                 # batched decode, three lengths
+        ([2, 0], [6, 12]),
+        ([1], [4]),                              # single-token decode (GEMV path)
+        ([1], [5]),
+    ]
+    logits = []
+    for slots, positions in steps:
+        slots, positions = np.array(slots), np.array(positions)
+        tokens = rng.integers(0, args.vocab_size, slots.size)
+        last = np.flatnonzero(np.append(np.diff(slots) != 0, True))  # last token of each run
+        rows = np.concatenate([[0], last])  # plus one extra row to check row selection
+        logits.append(model.forward(tokens, slots, positions, k, v, rows))
+    return logits, k, v
+
+
+FORMATS = ["fp32", "fp16", "bf16", "int8", "int8_a8", "int4_g32", "int4_g64_asym",
+           "int4_g32_a8", "sparse_fp32", "sparse_int8", "sparse_int8_a8", "sparse_int4_g32",
+           "2:4_int8", "2:4_int8_a8"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_native_forward_matches_numpy_model(isa, fmt):
+    rng = np.random.default_rng(0)
+    args, tensors = tiny_model(rng)
+    native = NativeLlamaModel(args, tensors, fmt, masks=masks_for(args, tensors, fmt, rng),
+                              max_tokens=16)
+    ref = LlamaModel(args, native.dequantized_tensors())
+    got, gk, gv = run_schedule(native, args)
+    want, wk, wv = run_schedule(ref, args)
+    # int8 activations are a (small) deviation from the fp32-activation reference model
+    tol = 0.05 if parse_format(fmt).act_int8 else 2e-4
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=tol * np.abs(w).max(), rtol=0)
+    np.testing.assert_allclose(gk, wk, atol=1e-4 if tol < 0.01 else 0.1)
+    np.testing.assert_allclose(gv, wv, atol=1e-4 if tol < 0.01 else 0.1)
+
+
+def test_mixed_formats_biases_tied_head_and_chunking(isa):
+    rng = np.random.default_rng(3)
+    args, tensors = tiny_model(rng, attention_bias=True, tie_word_embeddings=True)
+    names = linear_weight_names(args)
+    formats = dict(zip(names, ["int8", "sparse_fp32", "int4_g32", "bf16", "fp32", "fp16",
+                               "sparse_int4_g32"] * 3, strict=False))
+    masks = {n: rng.random(tensors[n].shape) < 0.6 for n in names
+             if formats.get(n, "").startswith("sparse")}
+    native = NativeLlamaModel(args, tensors, formats, masks=masks, max_tokens=5)  # chunks
+    ref = LlamaModel(args, native.dequantized_tensors())
+    got, _, _ = run_schedule(native, args)
+    want, _, _ = run_schedule(ref, args)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-4 * np.abs(w).max(), rtol=0)
+
+
+def test_sliding_window_matches(isa):
+    rng = np.random.default_rng(4)
+    args, tensors = tiny_model(rng, sliding_window=4)
+    native = NativeLlamaModel(args, tensors, "fp32", max_tokens=16)
+    got, _, _ = run_schedule(native, args)
+    want, _, _ = run_schedule(LlamaModel(args, tensors), args)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-4 * np.abs(w).max(), rtol=0)
+
+
+def test_bad_calls_raise():
+    rng = np.random.default_rng(5)
+    args, tensors = tiny_model(rng)
+    model = NativeLlamaModel(args, tensors, "fp32", max_tokens=8)
+    k, v = empty_cache(args)
+    one = np.array([0])
+    with pytest.raises(IndexError, match="beyond the cache"):
+        model.forward(one, one, np.array([CAPACITY]), k, v, one)
+    with pytest.raises(IndexError, match="vocab"):
+        model.forward(np.array([args.vocab_size]), one, one, k, v, one)
+    with pytest.raises(ValueError, match="unknown weights"):
+        NativeLlamaModel(args, tensors, {"model.layers.9.mlp.up_proj.weight": "int8"})
+
+
+@pytest.mark.parametrize("fmt", ["int8_a8", "sparse_int8", "int4_g64"])
+def test_wider_model_on_two_threads(isa, fmt):
+    # Wide enough that projections and attention run in parallel regions.
+    from sparsellm import kernels
+
+    rng = np.random.default_rng(6)
+    args, tensors = tiny_model(rng, hidden_size=256, intermediate_size=512,
+                               num_attention_heads=8, num_key_value_heads=2)
+    saved = kernels.get_num_threads()
+    kernels.set_num_threads(2)
+    try:
+        native = NativeLlamaModel(args, tensors, fmt, masks=masks_for(args, tensors, fmt, rng),
+                                  max_tokens=16)
+        got, _, _ = run_schedule(native, args)
+    finally:
+        kernels.set_num_threads(saved)
+    want, _, _ = run_schedule(LlamaModel(args, native.dequantized_tensors()), args)
+    tol = 0.05 if parse_format(fmt).act_int8 else 2e-4
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=tol * np.abs(w).max(), rtol=0)

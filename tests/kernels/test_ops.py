@@ -1,0 +1,76 @@
+"""RMSNorm, RoPE, SwiGLU, add, softmax and KV-cache attention against the NumPy twins."""
+
+import numpy as np
+import pytest
+
+from sparsellm import kernels
+from sparsellm.kernels import reference as ref
+
+
+@pytest.mark.parametrize("D", [64, 77])
+def test_rms_norm(isa, rng, D):
+    x = rng.standard_normal((5, D)).astype(np.float32)
+    w = rng.standard_normal(D).astype(np.float32)
+    np.testing.assert_allclose(kernels.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hd", [64, 12])
+def test_rope(isa, rng, hd):
+    x = rng.standard_normal((6, 3, hd)).astype(np.float32)
+    pos = np.array([0, 1, 5, 100, 2047, 7])
+    inv = 1.0 / 10000 ** (np.arange(0, hd, 2) / hd)
+    np.testing.assert_allclose(kernels.rope(x, pos, inv), ref.rope(x, pos, inv),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [8, 1000, 9000])
+def test_swiglu_add_softmax(isa, rng, n):
+    g = rng.standard_normal(n).astype(np.float32) * 4
+    u = rng.standard_normal(n).astype(np.float32)
+    np.testing.assert_allclose(kernels.swiglu(g, u), ref.swiglu(g, u), rtol=1e-5, atol=1e-6)
+    s = rng.standard_normal((3, n)).astype(np.float32) * 5
+    np.testing.assert_allclose(kernels.softmax(s), ref.softmax(s), rtol=5e-5, atol=1e-7)
+    x = g.copy()
+    kernels.add_(x, u)
+    np.testing.assert_array_equal(x, g + u)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_attention_batch_of_sequences(isa, rng, window):
+    # 2 slots, GQA 4 query heads over 2 kv heads; slot 1 prefills 5 tokens, slot 0 decodes 1.
+    S, KV, cap, hd, H = 2, 2, 16, 20, 4
+    kc = rng.standard_normal((S, KV, cap, hd)).astype(np.float32)
+    vc = rng.standard_normal((S, KV, cap, hd)).astype(np.float32)
+    slots = np.array([1, 1, 1, 1, 1, 0])
+    pos = np.array([3, 4, 5, 6, 7, 11])
+    q = rng.standard_normal((6, H, hd)).astype(np.float32)
+    scale = hd ** -0.5
+    np.testing.assert_allclose(kernels.attention(q, kc, vc, slots, pos, scale, window),
+                               ref.attention(q, kc, vc, slots, pos, scale, window),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_attention_matches_model_reference(rng):
+    # The model's own NumPy attention (one sequence, keys 0..L-1) is the same math.
+    from sparsellm.models.llama import attention as model_attention
+
+    KV, L, hd, H = 2, 9, 16, 6
+    k = rng.standard_normal((1, KV, L, hd)).astype(np.float32)
+    v = rng.standard_normal((1, KV, L, hd)).astype(np.float32)
+    pos = np.arange(5, 9)
+    q = rng.standard_normal((4, H, hd)).astype(np.float32)
+    got = kernels.attention(q, k, v, np.zeros(4, np.int64), pos, 0.25)
+    np.testing.assert_allclose(got, model_attention(q, k[0], v[0], pos, 0.25), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_threads_and_isa_settings():
+    n = kernels.get_num_threads()
+    kernels.set_num_threads(1)
+    assert kernels.get_num_threads() == 1
+    kernels.set_num_threads(0)
+    assert kernels.get_num_threads() >= 1
+    kernels.set_num_threads(n)
+    with pytest.raises(ValueError, match="accepted"):
+        kernels.set_isa("avx512")
