@@ -1,19 +1,25 @@
 """Engine: owns the model weights and KV cache, runs prefill and decode steps.
 
-Above the engine: token ids and NumPy logits. Below it: the model forward (the NumPy reference or
-the native runtime), which takes a flat batch of tokens with their cache slots and positions.
+Above the engine: token ids and NumPy logits. Below it: the model forward, which takes a flat
+batch of tokens with their cache slots and positions: the native runtime (one call per step,
+each linear weight in its own packed format) or the NumPy reference on the same weights.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import numpy as np
 
+from ..kernels import get_num_threads, set_num_threads
+from ..kernels.native_model import NativeLlamaModel
 from ..models import Checkpoint, load_checkpoint
 from .kv_cache import KVCache
+from .weights import reference_tensors, weight_formats
 
 DEFAULT_PROMPT_CHUNK = 64
+BACKENDS = ("native", "numpy")
 
 
 class ContextLengthError(ValueError):
@@ -30,6 +36,11 @@ class Engine:
     `sequence_length` is the per-sequence capacity in tokens (prompt + generated);
     `max_sequences` how many sequences can be active at once (the decode batch size);
     prompts are processed in chunks of `prompt_processing_sequence_length` tokens.
+
+    Each linear weight runs in the format its checkpoint declares (exact stored integers when
+    there are some), else fp32; `weights="int8_a8"` (any `sparsellm.kernels.FORMATS` name)
+    converts every linear weight on load instead, for quick experiments. `backend="numpy"` runs
+    the NumPy reference forward on exactly the weights the native kernels would use.
     """
 
     def __init__(
@@ -39,20 +50,36 @@ class Engine:
         max_sequences: int = 1,
         prompt_processing_sequence_length: int = DEFAULT_PROMPT_CHUNK,
         num_cores: int | None = None,
+        weights: str | None = None,
+        backend: str = "native",
     ):
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
         self.args = self.checkpoint.args
         if sequence_length < 1 or prompt_processing_sequence_length < 1 or max_sequences < 1:
             raise ValueError("sequence_length, prompt_processing_sequence_length and "
                              "max_sequences must be positive")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; accepted: {', '.join(BACKENDS)}")
         self.sequence_length = sequence_length
         self.prompt_chunk = prompt_processing_sequence_length
         self.num_cores = num_cores
-        self.model = self.checkpoint.build_model()
+        self.backend = backend
+        self.formats, packed = weight_formats(self.checkpoint, weights)
+        if backend == "native":
+            if num_cores is not None:
+                set_num_threads(num_cores)
+            self.model = NativeLlamaModel(self.args, self.checkpoint.tensors, self.formats,
+                                          packed=packed, max_tokens=max(
+                                              prompt_processing_sequence_length, max_sequences))
+        else:
+            self.model = self.checkpoint.architecture.module.LlamaModel(
+                self.args, reference_tensors(self.checkpoint, self.formats, packed))
         a = self.args
         self.cache = KVCache(a.num_hidden_layers, max_sequences, a.num_key_value_heads,
                              sequence_length, a.head_dim)
-        self.vocab_size = self.model.lm_head.shape[0]
+        tensors = self.checkpoint.tensors
+        self.vocab_size = tensors.get("lm_head.weight",
+                                      tensors["model.embed_tokens.weight"]).shape[0]
 
     # ---- sequences ------------------------------------------------------------------------------
     def add_sequence(self) -> int:
@@ -73,18 +100,22 @@ class Engine:
 
     @property
     def num_threads(self) -> int:
-        return self.num_cores or os.cpu_count() or 1
+        return get_num_threads() if self.backend == "native" else \
+            self.num_cores or os.cpu_count() or 1
 
     @property
     def weight_bytes_per_step(self) -> int:
-        """Bytes of weights one decode step reads (all layers, final norm, lm_head; the
-        embedding contributes one row per token, which is negligible)."""
+        """Bytes of weights one decode step reads: every linear weight as stored (the norms and
+        the one embedding row per token are negligible)."""
+        if self.backend == "native":
+            return self.model.weight_bytes
         return self.model.weight_nbytes()
 
     @property
     def weights_description(self) -> str:
-        formats = sorted({f.name for f in self.checkpoint.weight_formats.values()})
-        return ", ".join(formats) if formats else "fp32"
+        """e.g. "sparse_int8_a8 x210, int8_a8 x1" (format x number of linear weights)."""
+        counts = Counter(self.formats.values())
+        return ", ".join(f"{name} x{n}" for name, n in counts.most_common())
 
     # ---- compute --------------------------------------------------------------------------------
     def prefill(self, seq: int, tokens: list[int], all_logits: bool = False) -> np.ndarray:

@@ -1,0 +1,48 @@
+"""Which packed format each linear weight runs in, decided once when an engine is built."""
+
+from __future__ import annotations
+
+from ..kernels import FORMATS, PackedWeight, pack, parse_format
+from ..kernels.formats import pack_quantized
+from ..kernels.reference import dequantize
+from ..models import Checkpoint
+
+
+def weight_formats(
+    checkpoint: Checkpoint, weights: str | None = None
+) -> tuple[dict[str, str], dict[str, PackedWeight]]:
+    """-> ({linear weight name: format}, {name: packed exact integers}).
+
+    Declared formats win (`checkpoint.weight_formats`, with the stored integers packed as they
+    are); `weights` instead converts every linear weight on load; anything else is fp32.
+    """
+    names = checkpoint.architecture.module.linear_weight_names(checkpoint.args)
+    if weights is not None:
+        if weights not in FORMATS:
+            raise ValueError(f"unknown weights format {weights!r}; accepted: {', '.join(FORMATS)}")
+        return dict.fromkeys(names, weights), {}
+    formats = {}
+    packed = {}
+    for name in names:
+        declared = checkpoint.weight_formats.get(name)
+        formats[name] = declared.name if declared else "fp32"
+        parse_format(formats[name])  # an unsupported declared format fails here, by name
+        qt = checkpoint.quantized.get(name)
+        if qt is not None:
+            packed[name] = pack_quantized(qt.q, qt.scale, formats[name], qt.zero_point, qt.mask)
+    return formats, packed
+
+
+def reference_tensors(
+    checkpoint: Checkpoint, formats: dict[str, str], packed: dict[str, PackedWeight]
+) -> dict:
+    """The checkpoint's tensors with each linear weight replaced by exactly what the native
+    kernels multiply by, for the NumPy reference forward."""
+    tensors = dict(checkpoint.tensors)
+    head = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"])
+    for name, fmt in formats.items():
+        if fmt == "fp32" and name not in packed:
+            continue
+        w = packed.get(name) or pack(head if name == "lm_head.weight" else tensors[name], fmt)
+        tensors[name] = dequantize(w)
+    return tensors
