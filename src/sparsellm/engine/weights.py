@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
+import numpy as np
+
 from ..kernels import FORMATS, PackedWeight, pack, parse_format
 from ..kernels.formats import pack_quantized
 from ..kernels.reference import dequantize
 from ..models import Checkpoint
+
+logger = logging.getLogger(__name__)
 
 
 def weight_formats(
@@ -29,7 +35,13 @@ def weight_formats(
         parse_format(formats[name])  # an unsupported declared format fails here, by name
         qt = checkpoint.quantized.get(name)
         if qt is not None:
-            packed[name] = pack_quantized(qt.q, qt.scale, formats[name], qt.zero_point, qt.mask)
+            q = qt.q
+            if qt.format.bits == 8 and qt.zero_point is None and q.min(initial=0) < -127:
+                # Some writers use [-128, 127]; the int8 kernels need |q| <= 127. Moving the
+                # rare -128 to -127 changes those weights by one quantization step.
+                logger.warning("%s: int8 weights with -128 clipped to -127", name)
+                q = np.maximum(q, -127)
+            packed[name] = pack_quantized(q, qt.scale, formats[name], qt.zero_point, qt.mask)
     return formats, packed
 
 

@@ -111,6 +111,10 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
     config = json.loads(config_path.read_text())
     names = config.get("architectures") or [config.get("model_type", "?")]
     arch = find_architecture(names[0])
+    from .compressed import is_compressed_config, load_compressed_folder
+
+    if is_compressed_config(config):
+        return load_compressed_folder(folder, config, arch)
     files = _safetensors_files(folder)
     tensors: dict[str, np.ndarray] = {}
     for file in files:

@@ -1,8 +1,8 @@
 """Declared weight formats: how each tensor of a checkpoint is stored and should be run.
 
 A format is declared by the checkpoint (compressed-tensors `quantization_config` /
-`sparsity_config` in config.json) or requested on load (`weights="int8"`); it is never guessed
-from a file name.
+`sparsity_config` in config.json); it is never guessed from a file name. `WeightFormat.name` is
+the native kernel format that runs it (see `sparsellm.kernels.FORMATS`).
 """
 
 from __future__ import annotations
@@ -34,21 +34,6 @@ class WeightFormat:
 
 
 DENSE_FP32 = WeightFormat()
-
-# Presets for `weights=` on load and for `--weights` on the command line.
-PRESETS = {
-    "fp32": DENSE_FP32,
-    "int8": WeightFormat(bits=8),  # W8A16: int8 weights, fp32 activations
-    "w8a8": WeightFormat(bits=8, activation_bits=8),
-    "int4": WeightFormat(bits=4, group_size=32),
-    "int4_asym": WeightFormat(bits=4, group_size=32, symmetric=False),
-}
-
-
-def preset(name: str) -> WeightFormat:
-    if name not in PRESETS:
-        raise ValueError(f"unknown weights format {name!r}; accepted: {', '.join(PRESETS)}")
-    return PRESETS[name]
 
 
 @dataclass

@@ -1,0 +1,272 @@
+"""Sequential one-shot calibration: layer by layer, with a NumPy Llama layer forward.
+
+The embedding runs on the calibration samples; then for each decoder layer, in execution order
+("true sequential"), each group of linears sharing an input (q/k/v, o, gate/up, down) has its
+input Hessian H = 2 X^T X / n accumulated from the activations produced by the already
+compressed weights, is compressed, and is then applied to produce the next group's input. Memory
+is bounded by one layer's activations (samples x seq x max(hidden, intermediate) fp32).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..models.checkpoint import Checkpoint
+from ..models.compressed import measured_structure
+from ..models.formats import QuantizedTensor, WeightFormat
+from ..models.llama import apply_rope, attention, rms_norm, silu
+from .gptq import gptq_quantize
+from .magnitude import magnitude_prune
+from .quantize import quantize_embedding, rtn_quantize
+from .recipe import Plan, TensorPlan
+from .save import CompressedModel
+from .sparsegpt import accumulate_hessian, obs_compress
+
+logger = logging.getLogger(__name__)
+
+ROW_CHUNK = 8192  # tokens per matmul chunk in the MLP (bounds the (tokens, intermediate) buffers)
+
+
+def calibration_samples(
+    tokenizer: Any, texts: Sequence[str], num_samples: int, seq_len: int, seed: int = 0
+) -> np.ndarray:
+    """(num_samples, seq_len) token ids, deterministic: texts in a seeded shuffled order, each
+    contributing at most `seq_len` tokens (so one long file cannot dominate), concatenated and
+    cut into chunks. Fewer samples if the texts run out; shorter ones if there is less than one
+    chunk."""
+    if num_samples < 1 or seq_len < 2:
+        raise ValueError("num_calibration_samples must be >= 1 and max_seq_length >= 2")
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    need = num_samples * seq_len
+    stream: list[int] = []
+    for i in order:
+        text = texts[i]
+        if not text.strip():
+            continue
+        stream += tokenizer.encode(text[: seq_len * 12])[:seq_len]
+        if len(stream) >= need:
+            break
+    if not stream:
+        raise ValueError("the calibration dataset has no text")
+    if len(stream) < seq_len:
+        return np.asarray([stream], dtype=np.int64)
+    n = min(num_samples, len(stream) // seq_len)
+    return np.asarray(stream[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
+
+
+@dataclass
+class TensorStats:
+    name: str
+    shape: tuple[int, int]
+    format: str
+    sparsity: float
+    rel_error: float  # ||(W - W') X|| / ||W X|| over the calibration inputs (or ||W-W'||/||W||)
+    error_kind: str  # "output" | "weight"
+    seconds: float
+
+
+@dataclass
+class RunResult:
+    model: CompressedModel
+    stats: list[TensorStats] = field(default_factory=list)
+    layer_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _rel_error(w: np.ndarray, w_new: np.ndarray, h: np.ndarray | None) -> tuple[float, str]:
+    d = (w_new.astype(np.float64) - w)
+    if h is None:
+        return float(np.linalg.norm(d) / max(np.linalg.norm(w), 1e-30)), "weight"
+    num = float(np.sum((d @ h) * d))
+    den = float(np.sum((w.astype(np.float64) @ h) * w))
+    return float(np.sqrt(max(num, 0.0) / max(den, 1e-30))), "output"
+
+
+def compress_weight(
+    w: np.ndarray, h: np.ndarray | None, plan: TensorPlan
+) -> tuple[np.ndarray, QuantizedTensor | None, np.ndarray | None, WeightFormat]:
+    """One weight through its plan -> (new fp32 weight, integers or None, keep mask or None,
+    declared format)."""
+    prune, quant = plan.prune, plan.quant
+    fmt = quant.weight_format(w.shape[1]) if quant else WeightFormat()
+    if plan.module.kind == "Embedding":
+        qt = quantize_embedding(w, fmt)
+        return qt.dequantize(), qt, None, qt.format
+    keep = None
+    if prune is not None:
+        if prune.method == "sparsegpt":
+            if h is None:
+                raise ValueError(f"{plan.module.name}: SparseGPT needs calibration inputs")
+            joint = quant is not None and prune.joint_quant
+            res = obs_compress(w, h, sparsity=prune.sparsity, prunen=prune.prunen,
+                               prunem=prune.prunem, quant=fmt if joint else None,
+                               blocksize=prune.blocksize, percdamp=prune.percdamp)
+            keep = res.mask
+            if joint:
+                fmt = _with_sparsity(fmt, prune.structure)
+                qt = QuantizedTensor(res.q, res.scale, res.zero_point, fmt, keep)
+                return qt.dequantize(), qt, keep, fmt
+            w = res.weight
+        elif prune.method == "magnitude":
+            w, keep = magnitude_prune(w, prune.sparsity, prune.prunen, prune.prunem)
+        else:  # constant: keep the zeros the weight already has (their structure is measured)
+            keep = w != 0
+            if keep.all() or measured_structure(~keep) is None:
+                keep = None
+        structure = prune.structure if prune.method != "constant" else \
+            None if keep is None else measured_structure(~keep)
+        fmt = _with_sparsity(fmt, structure)
+    if quant is None:
+        return np.asarray(w, dtype=np.float32), None, keep, fmt
+    if quant.method == "gptq" and h is not None:
+        qt = gptq_quantize(w, h, fmt, blocksize=quant.blocksize, percdamp=quant.percdamp,
+                           actorder=quant.actorder, mask=keep)
+    else:
+        qt = rtn_quantize(w, fmt, mask=keep)
+    qt.format = _with_sparsity(qt.format, fmt.sparsity)
+    return qt.dequantize(), qt, keep, qt.format
+
+
+def _with_sparsity(fmt: WeightFormat, sparsity: str | None) -> WeightFormat:
+    from dataclasses import replace
+
+    return replace(fmt, sparsity=sparsity)
+
+
+class SequentialCompressor:
+    """Runs a Plan over a checkpoint with calibration samples (N, S) token ids."""
+
+    def __init__(self, checkpoint: Checkpoint, plan: Plan, samples: np.ndarray,
+                 progress: bool | None = None):
+        self.ckpt = checkpoint
+        self.plan = plan
+        self.samples = samples
+        self.args = checkpoint.args
+        self.tensors = dict(checkpoint.tensors)
+        self.result = RunResult(CompressedModel(checkpoint, self.tensors))
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        model = checkpoint.build_model()
+        self.rope = model.rope_tables(np.arange(samples.shape[1]))
+        self.attention_scale = model.attention_scale
+
+    # ---- bookkeeping ----------------------------------------------------------------------------
+    def _apply(self, module: str, h: np.ndarray | None) -> None:
+        tp = self.plan.tensors.get(module)
+        if tp is None:
+            return
+        start = time.perf_counter()
+        name = module + ".weight"
+        w = np.asarray(self.tensors[name], dtype=np.float32)
+        w_new, qt, keep, fmt = compress_weight(w, h, tp)
+        self.tensors[name] = w_new
+        out = self.result.model
+        out.formats[name] = fmt
+        if qt is not None:
+            out.quantized[name] = qt
+        elif keep is not None:
+            out.masks[name] = keep
+        err, kind = _rel_error(w, w_new, h)
+        self.result.stats.append(TensorStats(
+            name, tuple(w.shape), fmt.name, float((w_new == 0).mean()), err, kind,
+            time.perf_counter() - start))
+
+    def _hessian(self, x: np.ndarray, modules: Sequence[str]) -> np.ndarray | None:
+        """H of x (tokens, in) if any of `modules` needs one (or to measure their error)."""
+        if not any(m in self.plan.tensors for m in modules):
+            return None
+        h, count = None, 0
+        for s in range(0, x.shape[0], ROW_CHUNK):
+            h, count = accumulate_hessian(h, x[s:s + ROW_CHUNK], count)
+        return h
+
+    def _w(self, module: str) -> np.ndarray:
+        return self.tensors[module + ".weight"]
+
+    # ---- run ------------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        from tqdm import tqdm
+
+        a = self.args
+        embed = "model.embed_tokens"
+        self._apply(embed, None)
+        n, s = self.samples.shape
+        x = self.tensors[embed + ".weight"][self.samples.reshape(-1)].astype(np.float32)
+        layers = range(a.num_hidden_layers)
+        bar = tqdm(layers, desc="compressing", unit="layer", disable=not self.progress,
+                   file=sys.stderr)
+        for i in bar:
+            start = time.perf_counter()
+            x = self.layer(i, x, n, s)
+            self.result.layer_seconds[f"model.layers.{i}"] = time.perf_counter() - start
+            logger.debug("layer %d compressed in %.1f s", i, time.perf_counter() - start)
+        bar.close()
+        if "lm_head.weight" in self.tensors and "lm_head" in self.plan.tensors:
+            start = time.perf_counter()
+            hx = rms_norm(x, self.tensors["model.norm.weight"], a.rms_norm_eps)
+            self._apply("lm_head", self._hessian(hx, ["lm_head"]))
+            self.result.layer_seconds["lm_head"] = time.perf_counter() - start
+        return self.result
+
+    def layer(self, i: int, x: np.ndarray, n: int, s: int) -> np.ndarray:
+        """Compress decoder layer i given its input x (n*s, hidden) -> its output."""
+        a = self.args
+        p = f"model.layers.{i}."
+        t = self.tensors
+        H, KV, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        qkv = [p + f"self_attn.{k}_proj" for k in "qkv"]
+        h = rms_norm(x, t[p + "input_layernorm.weight"], a.rms_norm_eps)
+        hess = self._hessian(h, qkv)
+        for m in qkv:
+            self._apply(m, hess)
+        del hess
+        q = h @ self._w(qkv[0]).T
+        k = h @ self._w(qkv[1]).T
+        v = h @ self._w(qkv[2]).T
+        del h
+        if p + "self_attn.q_proj.bias" in t:
+            q += t[p + "self_attn.q_proj.bias"]
+            k += t[p + "self_attn.k_proj.bias"]
+            v += t[p + "self_attn.v_proj.bias"]
+        cos, sin = self.rope
+        positions = np.arange(s)
+        attn = np.empty((n * s, H * hd), dtype=np.float32)
+        for j in range(n):
+            rows = slice(j * s, (j + 1) * s)
+            qj = apply_rope(q[rows].reshape(s, H, hd), cos, sin)
+            kj = apply_rope(k[rows].reshape(s, KV, hd), cos, sin).transpose(1, 0, 2)
+            vj = v[rows].reshape(s, KV, hd).transpose(1, 0, 2)
+            attn[rows] = attention(qj, kj, vj, positions, self.attention_scale,
+                                   a.sliding_window).reshape(s, H * hd)
+        del q, k, v
+        o = p + "self_attn.o_proj"
+        self._apply(o, self._hessian(attn, [o]))
+        x = x + attn @ self._w(o).T
+        if p + "self_attn.o_proj.bias" in t:
+            x += t[p + "self_attn.o_proj.bias"]
+        del attn
+        gu = [p + "mlp.gate_proj", p + "mlp.up_proj"]
+        h = rms_norm(x, t[p + "post_attention_layernorm.weight"], a.rms_norm_eps)
+        hess = self._hessian(h, gu)
+        for m in gu:
+            self._apply(m, hess)
+        del hess
+        wg, wu = self._w(gu[0]), self._w(gu[1])
+        act = np.empty((n * s, wg.shape[0]), dtype=np.float32)
+        for r in range(0, n * s, ROW_CHUNK):
+            hr = h[r:r + ROW_CHUNK]
+            act[r:r + ROW_CHUNK] = silu(hr @ wg.T) * (hr @ wu.T)
+        del h
+        down = p + "mlp.down_proj"
+        self._apply(down, self._hessian(act, [down]))
+        wd = self._w(down)
+        for r in range(0, n * s, ROW_CHUNK):
+            x[r:r + ROW_CHUNK] += act[r:r + ROW_CHUNK] @ wd.T
+        return x

@@ -1,0 +1,285 @@
+"""Recipe modifiers: strict pydantic configs (unknown keys are errors) around the pure
+compression functions. Both families are accepted: SparseML (`QuantizationModifier` with
+`scheme_overrides`, `SparseGPTModifier` with `quantize`) and llm-compressor (`scheme` presets,
+`config_groups`, `mask_structure`, `GPTQModifier`)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+# Keys llm-compressor / SparseML modifiers carry for scheduling or training; meaningless in a
+# one-shot run, accepted so recipes written for those tools run unchanged.
+class _ScheduleKeys(Strict):
+    index: int | None = None
+    group: str | None = None
+    start: float | None = None
+    end: float | None = None
+    update: float | None = None
+
+
+class QuantizationArgs(Strict):
+    """compressed-tensors QuantizationArgs (the subset that describes integer weights and
+    dynamic int8 activations)."""
+
+    num_bits: int = 8
+    type: str = "int"
+    symmetric: bool = True
+    group_size: int | None = None
+    strategy: Literal["tensor", "channel", "group", "token"] | None = None
+    dynamic: bool | str = False
+    actorder: bool | str | None = None
+    observer: str | None = None
+    observer_kwargs: dict[str, Any] = Field(default_factory=dict)
+    block_structure: Any = None
+
+    @field_validator("type")
+    @classmethod
+    def _int_only(cls, v: str) -> str:
+        if v != "int":
+            raise ValueError(f"quantization type {v!r} is not supported; supported: 'int'")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QuantizationArgs:
+        if self.group_size is not None and self.group_size <= 0:
+            raise ValueError("group_size must be positive")
+        if self.strategy is None:
+            self.strategy = "group" if self.group_size else "channel"
+        if self.strategy == "group" and not self.group_size:
+            raise ValueError("strategy 'group' needs a group_size")
+        return self
+
+
+class QuantizationScheme(Strict):
+    """One compressed-tensors config group: which modules, how weights and inputs are stored."""
+
+    targets: list[str] = Field(default_factory=lambda: ["Linear"])
+    weights: QuantizationArgs | None = None
+    input_activations: QuantizationArgs | None = None
+    output_activations: None = None
+    format: str | None = None
+
+
+class SchemeOverride(Strict):
+    """SparseML `scheme_overrides` entry: replaces parts of the default scheme."""
+
+    weights: QuantizationArgs | None = None
+    input_activations: QuantizationArgs | None = None
+    output_activations: None = None
+
+
+def _w(bits: int, symmetric: bool = True, group_size: int | None = None) -> dict[str, Any]:
+    return {"num_bits": bits, "type": "int", "symmetric": symmetric,
+            "strategy": "group" if group_size else "channel", "group_size": group_size,
+            "dynamic": False}
+
+
+_A8 = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
+PRESET_SCHEMES: dict[str, dict[str, Any]] = {
+    "W8A8": {"weights": _w(8), "input_activations": _A8},
+    "INT8": {"weights": _w(8), "input_activations": _A8},
+    "W8A16": {"weights": _w(8)},
+    "W4A16": {"weights": _w(4, True, 128)},
+    "W4A16_ASYM": {"weights": _w(4, False, 128)},
+}
+
+
+def preset_scheme(name: str, targets: list[str]) -> QuantizationScheme:
+    if name.upper() not in PRESET_SCHEMES:
+        raise ValueError(f"unknown scheme {name!r}; accepted: {', '.join(PRESET_SCHEMES)}")
+    return QuantizationScheme(targets=targets, **PRESET_SCHEMES[name.upper()])
+
+
+class QuantizationModifier(_ScheduleKeys):
+    """Round-to-nearest weight quantization (+ declared dynamic int8 activations)."""
+
+    targets: str | list[str] = Field(default_factory=lambda: ["Linear"])
+    ignore: list[str] = Field(default_factory=list)
+    scheme: str | dict[str, list[str]] | None = None
+    config_groups: dict[str, QuantizationScheme] | None = None
+    scheme_overrides: dict[str, SchemeOverride | None] | None = None
+    kv_cache_scheme: None = None
+    # SparseML keys: static activation calibration is not implemented (activations are declared
+    # dynamic per token), so these are accepted and noted.
+    post_oneshot_calibration: bool = False
+    num_calibration_steps: int | None = None
+    disable_quantization_observer_epoch: float | None = None
+    freeze_bn_stats_epoch: float | None = None
+
+    method: ClassVar[str] = "rtn"
+
+    @field_validator("scheme")
+    @classmethod
+    def _known_scheme(cls, v: Any) -> Any:
+        names = [v] if isinstance(v, str) else list(v or {})
+        for name in names:
+            if name.upper() not in PRESET_SCHEMES:
+                raise ValueError(f"unknown scheme {name!r}; accepted: "
+                                 f"{', '.join(PRESET_SCHEMES)}")
+        return v
+
+    def schemes(self) -> list[QuantizationScheme]:
+        """The config groups this modifier applies, in priority order (later wins)."""
+        targets = [self.targets] if isinstance(self.targets, str) else list(self.targets)
+        out: list[QuantizationScheme] = []
+        if self.config_groups:
+            out += list(self.config_groups.values())
+        if isinstance(self.scheme, str):
+            out.append(preset_scheme(self.scheme, targets))
+        elif isinstance(self.scheme, dict):
+            out += [preset_scheme(name, t) for name, t in self.scheme.items()]
+        if self.scheme_overrides is not None:
+            # SparseML's default scheme: int8 weights and int8 inputs on every target; each
+            # override (a class name like Linear / Embedding, or a module name) edits it.
+            base = preset_scheme("W8A8", targets)
+            if not out:
+                out.append(base)
+            for key, override in self.scheme_overrides.items():
+                fields = (override.model_dump(exclude_unset=True) if override else {})
+                merged = {"weights": base.weights, "input_activations": base.input_activations,
+                          **{k: v for k, v in fields.items() if k != "output_activations"}}
+                if isinstance(merged["weights"], dict):
+                    merged["weights"] = QuantizationArgs(**merged["weights"])
+                if isinstance(merged["input_activations"], dict):
+                    merged["input_activations"] = QuantizationArgs(**merged["input_activations"])
+                out.append(QuantizationScheme(targets=[key], **merged))
+        if not out:
+            out.append(preset_scheme("W8A8", targets))
+        return out
+
+
+class GPTQModifier(QuantizationModifier):
+    """GPTQ: quantization with Hessian-based error compensation (calibrated)."""
+
+    block_size: int = Field(default=128, gt=0)
+    dampening_frac: float = Field(default=0.01, ge=0)
+    actorder: bool | Literal["static", "group", "weight"] | None = None
+    sequential_update: bool = True
+    offload_hessians: bool = False
+    method: ClassVar[str] = "gptq"
+
+    @property
+    def use_actorder(self) -> bool:
+        """Activation order (any of True / static / group / weight): columns by decreasing
+        Hessian diagonal, group scales computed up front ("static groups")."""
+        return bool(self.actorder)
+
+
+def parse_mask_structure(value: str) -> tuple[int, int]:
+    """'0:0' (unstructured) or 'N:M' -> (N, M): N zeros in every M consecutive weights."""
+    try:
+        n, m = (int(x) for x in str(value).split(":"))
+    except ValueError:
+        raise ValueError(
+            f"mask_structure must be '0:0' (unstructured) or 'N:M', got {value!r}") from None
+    if (n, m) != (0, 0) and not 0 < n < m:
+        raise ValueError(f"mask_structure {value!r} needs 0 < N < M")
+    return n, m
+
+
+class _PruningModifier(_ScheduleKeys):
+    sparsity: float | None = Field(default=None, ge=0.0, lt=1.0)
+    mask_structure: str = "0:0"
+    targets: str | list[str] = Field(
+        default_factory=lambda: [r"re:model\.layers\.\d+$"])
+    ignore: list[str] = Field(default_factory=list)
+
+    @field_validator("mask_structure")
+    @classmethod
+    def _mask(cls, v: str) -> str:
+        if v == "unstructured":
+            return "0:0"
+        parse_mask_structure(v)
+        return v
+
+    @property
+    def nm(self) -> tuple[int, int]:
+        return parse_mask_structure(self.mask_structure)
+
+    @property
+    def target_sparsity(self) -> float:
+        n, m = self.nm
+        return n / m if m else float(self.sparsity or 0.0)
+
+
+class SparseGPTModifier(_PruningModifier):
+    """SparseGPT one-shot pruning; with `quantize` (default) and a quantization modifier on the
+    same weights, pruning and quantization are solved jointly."""
+
+    sparsity: float | None = Field(default=None, ge=0.0, lt=1.0)
+    block_size: int = Field(default=128, gt=0)
+    dampening_frac: float = Field(default=0.01, ge=0)
+    quantize: bool | dict[str, Any] = True
+    sequential_update: bool = True
+    sequential_targets: str | list[str] | None = None
+    preserve_sparsity_mask: bool = False
+    offload_hessians: bool = False
+    sparsity_profile: None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            for old, new in (("blocksize", "block_size"), ("percdamp", "dampening_frac")):
+                if old in data:
+                    data[new] = data.pop(old)
+        return data
+
+    @model_validator(mode="after")
+    def _needs_sparsity(self) -> SparseGPTModifier:
+        if self.sparsity is None and self.nm == (0, 0):
+            raise ValueError("SparseGPTModifier needs `sparsity` or an N:M `mask_structure`")
+        return self
+
+
+class MagnitudePruningModifier(_PruningModifier):
+    """Magnitude pruning (the baseline): zero the smallest |w|."""
+
+    init_sparsity: float | None = Field(default=None, ge=0.0, lt=1.0)
+    final_sparsity: float | None = Field(default=None, ge=0.0, lt=1.0)
+    params: str | list[str] | None = None
+    leave_enabled: bool = True
+    update_frequency: float | None = None
+    mask_type: str | None = None
+
+    @model_validator(mode="after")
+    def _resolve(self) -> MagnitudePruningModifier:
+        if self.final_sparsity is not None:
+            self.sparsity = self.final_sparsity
+        if self.params is not None:
+            self.targets = self.params
+        if self.mask_type is not None:
+            self.mask_structure = self._mask(self.mask_type)
+        if self.sparsity is None and self.nm == (0, 0):
+            raise ValueError("MagnitudePruningModifier needs `sparsity` (or `final_sparsity`) "
+                             "or an N:M `mask_structure`")
+        return self
+
+
+class ConstantPruningModifier(_ScheduleKeys):
+    """Keep the zeros the weights already have (a previously pruned model stays sparse through
+    quantization)."""
+
+    targets: str | list[str] = Field(default_factory=lambda: [r"re:model\.layers\.\d+$"])
+    ignore: list[str] = Field(default_factory=list)
+    params: str | list[str] | None = None
+    leave_enabled: bool = True
+
+
+MODIFIERS: dict[str, type[BaseModel]] = {
+    "SparseGPTModifier": SparseGPTModifier,
+    "GPTQModifier": GPTQModifier,
+    "QuantizationModifier": QuantizationModifier,
+    "MagnitudePruningModifier": MagnitudePruningModifier,
+    "ConstantPruningModifier": ConstantPruningModifier,
+}
+Modifier = (SparseGPTModifier | GPTQModifier | QuantizationModifier | MagnitudePruningModifier
+            | ConstantPruningModifier)

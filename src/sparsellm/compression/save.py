@@ -1,0 +1,249 @@
+"""Write a compressed model as an HF folder following the compressed-tensors conventions
+(see sparsellm.models.compressed for the stored forms), atomically: everything is written into a
+hidden temporary folder next to `output_dir` (config.json last) and renamed into place, so an
+interrupted run never leaves a folder that loads as a model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..models.checkpoint import Checkpoint
+from ..models.compressed import bitmask_compress, pack_int32
+from ..models.formats import QuantizedTensor, WeightFormat
+from ..models.safetensors_io import write_safetensors
+
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM"}
+VERSION = "sparsellm-0.1.0"
+
+
+@dataclass
+class CompressedModel:
+    """What the writer needs: the source checkpoint (config, tokenizer), the final fp32 tensors
+    and, for the compressed weights, their declared formats, exact integers and keep masks."""
+
+    source: Checkpoint
+    tensors: dict[str, np.ndarray]  # every tensor, fp32 (dequantized where quantized)
+    formats: dict[str, WeightFormat] = field(default_factory=dict)
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
+    masks: dict[str, np.ndarray] = field(default_factory=dict)  # float sparse weights: keep mask
+
+
+def _module(name: str) -> str:
+    return name[: -len(".weight")]
+
+
+def weight_args(fmt: WeightFormat) -> dict[str, Any]:
+    return {"num_bits": fmt.bits, "type": "int", "symmetric": fmt.symmetric,
+            "strategy": "group" if fmt.group_size else "channel", "group_size": fmt.group_size,
+            "dynamic": False, "actorder": None, "observer": "minmax", "observer_kwargs": {},
+            "block_structure": None}
+
+
+def activation_args(bits: int) -> dict[str, Any]:
+    return {"num_bits": bits, "type": "int", "symmetric": True, "strategy": "token",
+            "group_size": None, "dynamic": True, "actorder": None, "observer": None,
+            "observer_kwargs": {}, "block_structure": None}
+
+
+def encode_tensor(model: CompressedModel, name: str) -> dict[str, np.ndarray]:
+    """The stored arrays of one canonical tensor (int8 `weight`, `weight_packed`, sparse-bitmask
+    parts, scales, or the fp32 tensor itself)."""
+    w = model.tensors[name]
+    m = _module(name) if name.endswith(".weight") else name
+    qt = model.quantized.get(name)
+    if qt is not None:
+        rows, cols = qt.q.shape
+        parts = {f"{m}.weight_scale": qt.scale.astype(np.float32)}
+        if qt.format.bits == 8:
+            if qt.mask is not None:
+                zp_full = 0 if qt.zero_point is None else np.repeat(
+                    qt.zero_point, cols // qt.scale.shape[1], axis=1)
+                keep = qt.mask & (qt.q != zp_full)
+                parts.update({f"{m}.{k}": v for k, v in bitmask_compress(qt.q, keep).items()})
+            else:
+                parts[f"{m}.weight"] = qt.q.astype(np.int8)
+            if qt.zero_point is not None:
+                parts[f"{m}.weight_zero_point"] = qt.zero_point.astype(np.int8)
+        else:
+            parts[f"{m}.weight_packed"] = pack_int32(qt.q, qt.format.bits)
+            parts[f"{m}.weight_shape"] = np.asarray([rows, cols], dtype=np.int64)
+            if qt.zero_point is not None:
+                parts[f"{m}.weight_zero_point"] = pack_int32(qt.zero_point, qt.format.bits,
+                                                             axis=0)
+        return parts
+    if name in model.masks:
+        keep = model.masks[name] & (w != 0)
+        return {f"{m}.{k}": v for k, v in bitmask_compress(
+            np.asarray(w, dtype=np.float32), keep).items()}
+    return {name: np.asarray(w, dtype=np.float32)}
+
+
+def stored_bytes(model: CompressedModel, name: str) -> int:
+    return sum(int(v.nbytes) for v in encode_tensor(model, name).values())
+
+
+def encode_tensors(model: CompressedModel) -> dict[str, np.ndarray]:
+    stored: dict[str, np.ndarray] = {}
+    for name in model.tensors:
+        stored.update(encode_tensor(model, name))
+    return stored
+
+
+def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
+    """config.json `quantization_config` (with `sparsity_config` nested, as compressed-tensors
+    writes it), or None for an uncompressed model."""
+    groups: dict[tuple, list[str]] = {}
+    for name, qt in model.quantized.items():
+        f = qt.format
+        groups.setdefault((f.bits, f.group_size, f.symmetric, f.activation_bits), []).append(
+            _module(name))
+    config_groups = {}
+    formats = set()
+    for i, ((bits, gs, sym, act), names) in enumerate(groups.items()):
+        fmt_name = "int-quantized" if bits == 8 else "pack-quantized"
+        formats.add(fmt_name)
+        config_groups[f"group_{i}"] = {
+            "targets": sorted(names),
+            "weights": weight_args(WeightFormat(bits=bits, group_size=gs, symmetric=sym)),
+            "input_activations": activation_args(act) if act else None,
+            "output_activations": None,
+            "format": fmt_name,
+        }
+    sparse = {n: f for n, f in model.formats.items() if f.sparsity}
+    if not config_groups and not sparse:
+        return None
+    out: dict[str, Any] = {"quant_method": "compressed-tensors", "version": VERSION}
+    if config_groups:
+        quantized_modules = {_module(n) for n in model.quantized}
+        all_linear = {_module(n) for n, w in model.tensors.items()
+                      if w.ndim == 2 and n.endswith(".weight")}
+        out.update({
+            "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+            "config_groups": config_groups,
+            "ignore": sorted(all_linear - quantized_modules),
+            "kv_cache_scheme": None,
+            "quantization_status": "compressed",
+        })
+    if sparse:
+        bitmasked = any(n in model.masks or (n in model.quantized and
+                                             model.quantized[n].format.bits == 8)
+                        for n in sparse)
+        structures = {f.sparsity for f in sparse.values()}
+        total = sum(model.tensors[n].size for n in model.tensors
+                    if model.tensors[n].ndim == 2)
+        zeros = sum(int((model.tensors[n] == 0).sum()) for n in sparse)
+        out["sparsity_config"] = {
+            "format": "sparse-bitmask" if bitmasked else "dense",
+            "global_sparsity": zeros / max(total, 1),
+            "sparsity_structure": structures.pop() if len(structures) == 1 else "unstructured",
+            "targets": sorted(_module(n) for n in sparse),
+            "ignore": [],
+            "registry_requires_subclass": False,
+        }
+    return out
+
+
+def hf_config(source: Checkpoint) -> dict[str, Any]:
+    """The source's config as an HF config.json (GGUF metadata gets architectures etc.)."""
+    config = {k: v for k, v in source.config.items()
+              if k not in ("quantization_config", "compression_config", "sparsity_config")}
+    model_type = config.get("model_type", "llama")
+    config.setdefault("architectures", [HF_ARCHITECTURES.get(model_type, "LlamaForCausalLM")])
+    config.setdefault("hidden_act", "silu")
+    config["torch_dtype"] = "float32"
+    return config
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=False, default=_json_default)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def write_tokenizer(source: Checkpoint, folder: Path) -> None:
+    tok = source.tokenizer
+    tok._tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+        "pad_token": tok.pad_token, "unk_token": tok.unk_token,
+        "model_max_length": source.config.get("max_position_embeddings", 2048),
+        "clean_up_tokenization_spaces": False,
+    }
+    if tok.chat_template:
+        config["chat_template"] = tok.chat_template
+    _write_json(folder / "tokenizer_config.json", {k: v for k, v in config.items()
+                                                   if v is not None})
+
+
+def check_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
+    out = Path(output_dir).expanduser()
+    if out.exists() and not overwrite:
+        raise ValueError(f"output_dir {str(out)!r} already exists; pass overwrite=True "
+                         "(--overwrite) to replace it")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output_dir {str(out)!r} exists and is not a folder")
+    return out
+
+
+def save_compressed(
+    model: CompressedModel,
+    output_dir: str | Path,
+    recipe_yaml: str | None = None,
+    report: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the folder atomically -> its path."""
+    out = check_output_dir(output_dir, overwrite).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.incomplete-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        stored = encode_tensors(model)
+        write_safetensors(tmp / "model.safetensors", stored, metadata={"format": "pt"})
+        del stored
+        write_tokenizer(model.source, tmp)
+        gen = dict(model.source.generation_config)
+        gen.setdefault("bos_token_id", model.source.config.get("bos_token_id"))
+        eos = model.source.eos_token_ids
+        if eos:
+            gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+        _write_json(tmp / "generation_config.json", {k: v for k, v in gen.items()
+                                                     if v is not None})
+        if recipe_yaml is not None:
+            (tmp / "recipe.yaml").write_text(recipe_yaml)
+        if report is not None:
+            _write_json(tmp / "compression_report.json", report)
+        config = hf_config(model.source)
+        qconfig = quantization_config(model)
+        if qconfig is not None:
+            config["quantization_config"] = qconfig
+        _write_json(tmp / "config.json", config)  # last: the folder is a model only now
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(out, old)
+        os.rename(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,216 @@
+"""compressed-tensors storage: codecs, write -> load round trips of every stored form, reading
+llm-compressor style checkpoints, and atomic writes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sparsellm.compression.magnitude import magnitude_prune
+from sparsellm.compression.quantize import rtn_quantize
+from sparsellm.compression.save import CompressedModel, save_compressed
+from sparsellm.models import load_checkpoint
+from sparsellm.models.compressed import (
+    bitmask_compress,
+    bitmask_decompress,
+    pack_int32,
+    unpack_int32,
+)
+from sparsellm.models.formats import WeightFormat
+from sparsellm.models.safetensors_io import read_safetensors, write_safetensors
+
+
+def test_pack_int32_layout():
+    q = np.array([[-8, -7, 0, 1, 2, 3, 6, 7, 5]], dtype=np.int8)
+    packed = pack_int32(q, 4)
+    assert packed.dtype == np.int32 and packed.shape == (1, 2)
+    word = int(packed[0, 0]) & 0xFFFFFFFF
+    assert [(word >> (4 * i)) & 0xF for i in range(8)] == [0, 1, 8, 9, 10, 11, 14, 15]
+    np.testing.assert_array_equal(unpack_int32(packed, 4, 9), q)
+    rng = np.random.default_rng(0)
+    for bits in (4, 8):
+        v = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), (13, 21)).astype(np.int8)
+        np.testing.assert_array_equal(unpack_int32(pack_int32(v, bits), bits, 21), v)
+        col = pack_int32(v, bits, axis=0)
+        assert col.shape == (-(-13 // (32 // bits)), 21)
+        np.testing.assert_array_equal(unpack_int32(col, bits, 13, axis=0), v)
+
+
+def test_bitmask_layout():
+    dense = np.array([[0, 1.5, 0, 0, 0, 0, 0, 0, 2.0], [3.0, 0, 0, 0, 0, 0, 0, 0, 0]],
+                     dtype=np.float32)
+    parts = bitmask_compress(dense, dense != 0)
+    assert parts["bitmask"].dtype == np.uint8 and parts["bitmask"].shape == (2, 2)
+    assert parts["bitmask"][0].tolist() == [0b10, 0b1]  # little bit order per row
+    assert parts["compressed"].tolist() == [1.5, 2.0, 3.0]
+    assert parts["row_offsets"].tolist() == [0, 2] and parts["shape"].tolist() == [2, 9]
+    back, keep = bitmask_decompress(parts)
+    np.testing.assert_array_equal(back, dense)
+    np.testing.assert_array_equal(keep, dense != 0)
+
+
+def _variants(ckpt):
+    """One compressed form per linear of the tiny model."""
+    names = [n for n in ckpt.tensors if n.endswith("_proj.weight")]
+    forms = [
+        ("int8", WeightFormat(bits=8, activation_bits=8), 0.0),
+        ("int8_asym", WeightFormat(bits=8, symmetric=False), 0.0),
+        ("int8_sparse", WeightFormat(bits=8, sparsity="unstructured"), 0.5),
+        ("int8_asym_sparse", WeightFormat(bits=8, symmetric=False, sparsity="unstructured"), 0.5),
+        ("int4", WeightFormat(bits=4, group_size=16), 0.0),
+        ("int4_asym", WeightFormat(bits=4, group_size=32, symmetric=False), 0.0),
+        ("int4_sparse24", WeightFormat(bits=4, group_size=16, symmetric=False, sparsity="2:4"),
+         "2:4"),
+        ("fp32_sparse", WeightFormat(sparsity="unstructured"), 0.5),
+        ("fp32_24", WeightFormat(sparsity="2:4"), "2:4"),
+    ]
+    return list(zip(names, forms, strict=False))
+
+
+def test_round_trip_every_stored_form(tiny_model, tmp_path):
+    ckpt = load_checkpoint(tiny_model)
+    model = CompressedModel(ckpt, dict(ckpt.tensors))
+    for name, (_, fmt, sparsity) in _variants(ckpt):
+        w = ckpt.tensors[name]
+        keep = None
+        if sparsity == "2:4":
+            w, keep = magnitude_prune(w, 0.0, 2, 4)
+        elif sparsity:
+            w, keep = magnitude_prune(w, sparsity)
+        if fmt.bits < 32:
+            qt = rtn_quantize(w, fmt, mask=keep)
+            model.quantized[name] = qt
+            w = qt.dequantize()
+        elif keep is not None:
+            model.masks[name] = keep
+        model.formats[name] = fmt
+        model.tensors[name] = w
+    emb = "model.embed_tokens.weight"
+    model.quantized[emb] = rtn_quantize(ckpt.tensors[emb], WeightFormat(bits=8, symmetric=False))
+    model.tensors[emb] = model.quantized[emb].dequantize()
+    model.formats[emb] = model.quantized[emb].format
+    out = save_compressed(model, tmp_path / "out")
+    loaded = load_checkpoint(out)
+    assert set(loaded.tensors) == set(ckpt.tensors)
+    for name, w in model.tensors.items():
+        np.testing.assert_array_equal(loaded.tensors[name], w, err_msg=name)
+    assert loaded.weight_formats == model.formats
+    for name, qt in model.quantized.items():
+        got = loaded.quantized[name]
+        np.testing.assert_array_equal(got.q, qt.q, err_msg=name)
+        np.testing.assert_array_equal(got.scale, qt.scale)
+        if qt.mask is not None:
+            assert not (got.mask & ~qt.mask).any()  # stored mask: the kept nonzeros
+    stored = read_safetensors(out / "model.safetensors")
+    kinds = {k.rsplit(".", 1)[-1] for k in stored}
+    assert {"weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "bitmask",
+            "compressed", "row_offsets", "shape", "weight"} <= kinds
+    config = json.loads((out / "config.json").read_text())
+    qc = config["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "mixed-precision"
+    assert qc["sparsity_config"]["format"] == "sparse-bitmask"
+
+
+def _write_folder(folder, tiny_model, config_extra, tensors):
+    folder.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / f).write_text((tiny_model / f).read_text())
+    config = json.loads((tiny_model / "config.json").read_text())
+    config.update(config_extra)
+    (folder / "config.json").write_text(json.dumps(config))
+    write_safetensors(folder / "model.safetensors", tensors)
+
+
+def test_reads_llm_compressor_pack_quantized(tiny_model, tmp_path):
+    ckpt = load_checkpoint(tiny_model)
+    tensors = {}
+    expected = {}
+    for name, w in ckpt.tensors.items():
+        if name.endswith("_proj.weight"):
+            qt = rtn_quantize(w, WeightFormat(bits=4, group_size=32, symmetric=False))
+            m = name[:-7]
+            tensors[m + ".weight_packed"] = pack_int32(qt.q, 4)
+            tensors[m + ".weight_shape"] = np.array(w.shape, dtype=np.int64)
+            tensors[m + ".weight_scale"] = qt.scale.astype(np.float16)  # llm-compressor: bf16/fp16
+            tensors[m + ".weight_zero_point"] = pack_int32(qt.zero_point, 4, axis=0)
+            qt.scale = qt.scale.astype(np.float16).astype(np.float32)
+            expected[name] = qt.dequantize()
+        else:
+            tensors[name] = w
+    qconfig = {"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
+            "group_size": 32}}},
+        "ignore": ["lm_head"], "quantization_status": "compressed"}}
+    _write_folder(tmp_path / "m", tiny_model, qconfig, tensors)
+    loaded = load_checkpoint(tmp_path / "m")
+    for name, w in expected.items():
+        np.testing.assert_array_equal(loaded.tensors[name], w)
+        assert loaded.weight_formats[name] == WeightFormat(bits=4, group_size=32,
+                                                           symmetric=False)
+    assert "lm_head.weight" not in loaded.weight_formats
+
+
+def test_reads_dense_stored_sparse_and_int8(tiny_model, tmp_path):
+    ckpt = load_checkpoint(tiny_model)
+    tensors = dict(ckpt.tensors)
+    sparse_name = "model.layers.0.mlp.up_proj.weight"
+    tensors[sparse_name], _ = magnitude_prune(tensors[sparse_name], 0, 2, 4)
+    int_name = "model.layers.1.mlp.down_proj.weight"
+    qt = rtn_quantize(tensors.pop(int_name), WeightFormat(bits=8))
+    tensors[int_name] = qt.q
+    tensors[int_name[:-7] + ".weight_scale"] = qt.scale
+    qconfig = {"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "int-quantized",
+        "config_groups": {"g": {"targets": ["re:.*down_proj$"], "weights": {"num_bits": 8},
+                                "input_activations": {"num_bits": 8, "strategy": "token",
+                                                      "dynamic": True}}},
+        "sparsity_config": {"format": "dense", "sparsity_structure": "2:4",
+                            "targets": ["Linear"], "ignore": ["lm_head"]}}}
+    _write_folder(tmp_path / "m", tiny_model, qconfig, tensors)
+    loaded = load_checkpoint(tmp_path / "m")
+    assert loaded.weight_formats[sparse_name] == WeightFormat(sparsity="2:4")
+    assert loaded.weight_formats[int_name] == WeightFormat(bits=8, activation_bits=8)
+    np.testing.assert_array_equal(loaded.tensors[int_name], qt.dequantize())
+    assert "model.layers.0.mlp.gate_proj.weight" not in loaded.weight_formats
+
+
+def test_unsupported_formats_are_clear(tiny_model, tmp_path):
+    _write_folder(tmp_path / "a", tiny_model, {"quantization_config": {"quant_method": "awq"}},
+                  dict(load_checkpoint(tiny_model).tensors))
+    with pytest.raises(ValueError, match="quant_method 'awq' is not supported"):
+        load_checkpoint(tmp_path / "a")
+    _write_folder(tmp_path / "b", tiny_model, {"quantization_config": {
+        "quant_method": "compressed-tensors",
+        "sparsity_config": {"format": "marlin-24"}}}, dict(load_checkpoint(tiny_model).tensors))
+    with pytest.raises(ValueError, match="sparsity format 'marlin-24' is not supported"):
+        load_checkpoint(tmp_path / "b")
+
+
+def test_interrupted_write_leaves_nothing(tiny_model, tmp_path, monkeypatch):
+    import sparsellm.compression.save as save
+
+    ckpt = load_checkpoint(tiny_model)
+    model = CompressedModel(ckpt, dict(ckpt.tensors))
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(save, "write_tokenizer", boom)
+    with pytest.raises(KeyboardInterrupt):
+        save.save_compressed(model, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+    # An existing folder survives an interrupted overwrite untouched.
+    monkeypatch.undo()
+    first = save.save_compressed(model, tmp_path / "out")
+    before = sorted(p.name for p in first.iterdir())
+    monkeypatch.setattr(save, "write_tokenizer", boom)
+    with pytest.raises(KeyboardInterrupt):
+        save.save_compressed(model, tmp_path / "out", overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    with pytest.raises(ValueError, match="already exists"):
+        save.save_compressed(model, tmp_path / "out")
