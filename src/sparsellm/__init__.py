@@ -1,6 +1,8 @@
 """sparsellm: fast LLM text generation on CPUs through sparsity and quantization."""
 
+from .compression import compress
 from .engine import ContextLengthError, Engine
+from .evaluation import evaluate
 from .generation import GenerationConfig
 from .models import DEFAULT_MODEL, load_checkpoint
 from .pipeline import GeneratedText, Pipeline, TextGeneration, TextGenerationOutput
@@ -9,5 +11,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MODEL", "ContextLengthError", "Engine", "GeneratedText", "GenerationConfig",
-    "Pipeline", "TextGeneration", "TextGenerationOutput", "load_checkpoint",
+    "Pipeline", "TextGeneration", "TextGenerationOutput", "compress", "evaluate", "load_checkpoint",
 ]

@@ -8,9 +8,12 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
+    "compress": "compress a model one-shot (SparseGPT, GPTQ, int8/int4) with a recipe",
     "generate": "generate text with a model, streamed to the terminal",
     "models": "list model names and supported architectures",
+    "eval": "evaluate models: perplexity on a dataset or HumanEval pass@1, one row per model",
     "benchmark": "measure decode and prefill speed, latency, memory and bandwidth",
+    "serve": "serve models over HTTP: /predict, an OpenAI-compatible API and a playground",
 }
 
 

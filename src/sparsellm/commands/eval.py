@@ -1,0 +1,89 @@
+"""`sparsellm eval MODEL [MODEL2 ...]`: perplexity or HumanEval pass@1, one row per model.
+
+    sparsellm eval smollm2-135m-instruct ./pruned50-int8 --integration perplexity \\
+        --dataset openai_humaneval --export-json results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..models import DEFAULT_MODEL
+
+PERPLEXITY_COLUMNS = [("model", 32, "<"), ("format", 24, "<"), ("PPL", 10, ">"),
+                      ("tokens", 9, ">"), ("seconds", 9, ">")]
+HUMANEVAL_COLUMNS = [("model", 32, "<"), ("format", 24, "<"), ("pass@1", 8, ">"),
+                     ("passed", 7, ">"), ("failed", 7, ">"), ("timeouts", 9, ">"),
+                     ("crashed", 8, ">"), ("seconds", 9, ">")]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("models", nargs="*", metavar="MODEL",
+                   help=f"models to compare: paths, GGUF files, registry names (default "
+                   f"{DEFAULT_MODEL})")
+    p.add_argument("--integration", default="perplexity",
+                   help="perplexity (default) or humaneval")
+    p.add_argument("--dataset", "--datasets", default="openai_humaneval",
+                   help="openai_humaneval (default), python-stdlib, a .txt/.jsonl/.json file, or "
+                   "a Hugging Face dataset in the local cache")
+    p.add_argument("--split", default=None, help="split of a Hugging Face dataset (default train)")
+    p.add_argument("--text-column-name", nargs="+", default=None, metavar="COLUMN",
+                   help="column(s) joined in order into each sample's text (perplexity; default "
+                   "prompt canonical_solution for HumanEval, else text)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate the first N samples")
+    p.add_argument("--sequence-length", type=int, default=None,
+                   help="tokens per window / sequence (default: the model's context, max 2048)")
+    p.add_argument("--stride", type=int, default=None,
+                   help="window step for samples longer than the sequence length "
+                   "(default sequence_length // 2)")
+    p.add_argument("--batch-size", type=int, default=4,
+                   help="samples scored or generated together (default 4)")
+    p.add_argument("--max-generated-tokens", "--max-new-tokens", type=int, default=384,
+                   help="humaneval: tokens generated per problem at most (default 384)")
+    p.add_argument("--timeout", type=float, default=5.0,
+                   help="humaneval: seconds allowed per program (default 5)")
+    p.add_argument("--prompt-processing-sequence-length", type=int, default=128,
+                   help="tokens per sequence per engine step (default 128)")
+    p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("--export-json", default=None, metavar="FILE",
+                   help="write the results (a JSON list, one object per model) to FILE")
+
+
+def _row(columns: list[tuple[str, int, str]], values: list[str]) -> str:
+    return "  ".join(f"{v:{align}{width}}" for (_, width, align), v in
+                     zip(columns, values, strict=True)).rstrip()
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..evaluation import INTEGRATIONS, evaluate, write_json_atomic
+
+    if args.integration not in INTEGRATIONS:  # before loading anything
+        raise ValueError(f"unknown integration {args.integration!r}; accepted: "
+                         f"{', '.join(INTEGRATIONS)}")
+    columns = PERPLEXITY_COLUMNS if args.integration == "perplexity" else HUMANEVAL_COLUMNS
+    results = []
+    for model in args.models or [DEFAULT_MODEL]:
+        r = evaluate(
+            model, datasets=args.dataset, integration=args.integration,
+            text_column_name=args.text_column_name, limit=args.limit,
+            sequence_length=args.sequence_length, stride=args.stride,
+            batch_size=args.batch_size, max_generated_tokens=args.max_generated_tokens,
+            split=args.split, timeout=args.timeout,
+            prompt_processing_sequence_length=args.prompt_processing_sequence_length,
+            num_cores=args.num_cores,
+        )
+        if not results:  # the header once the first model evaluated (errors come first)
+            print(_row(columns, [name for name, _, _ in columns]), flush=True)
+        results.append(r)
+        if args.integration == "perplexity":
+            values = [r.model, r.format, f"{r.perplexity:.4f}", str(r.tokens), f"{r.seconds:.1f}"]
+        else:
+            values = [r.model, r.format, f"{r.pass_at_1:.4f}", str(r.passed), str(r.failed),
+                      str(r.timeouts), str(r.crashed), f"{r.seconds:.1f}"]
+        print(_row(columns, values), flush=True)
+        if args.export_json:  # rewritten after each model, so a long run keeps partial results
+            write_json_atomic(args.export_json, [x.to_dict() for x in results])
+    if args.export_json:
+        print(f"results written to {args.export_json}", file=sys.stderr)
+    return 0

@@ -1,0 +1,246 @@
+"""Evaluate a model: perplexity on a dataset, HumanEval pass@1.
+
+    from sparsellm import evaluate
+    result = evaluate("./smollm2-pruned50-quant", datasets="openai_humaneval",
+                      integration="perplexity", text_column_name=["prompt", "canonical_solution"])
+    print(result)             # perplexity, tokens scored, and the settings used
+    result.to_json()
+
+The model is a path, registry name or an already loaded `Checkpoint` (so compression code can
+evaluate in process). Datasets come from `sparsellm.datasets` (openai_humaneval, python-stdlib,
+.txt/.jsonl/.json files, cached Hugging Face names, or a list of strings / records).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import datasets as ds
+from ..models import Checkpoint, load_checkpoint
+from .humaneval import STOP_SEQUENCES, check_problems, execute_completions, generate_completions
+from .perplexity import perplexity_of, plan_windows, score_token_ids, token_nll
+from .result import EvaluationResult, HumanEvalResult, PerplexityResult, write_json_atomic
+from .sandbox import ExecutionResult, run_program, run_programs
+
+INTEGRATIONS = ("perplexity", "humaneval")
+MAX_DEFAULT_SEQUENCE_LENGTH = 2048
+DEFAULT_MAX_GENERATED_TOKENS = 384
+
+__all__ = [
+    "INTEGRATIONS", "EvaluationResult", "ExecutionResult", "HumanEvalResult", "PerplexityResult",
+    "evaluate", "evaluate_humaneval", "evaluate_perplexity", "format_name", "perplexity_of",
+    "plan_windows", "run_program", "run_programs", "score_token_ids", "token_nll",
+    "write_json_atomic",
+]
+
+
+def evaluate(
+    model: str | Path | Checkpoint,
+    datasets: str | Path | Sequence[Any] | None = None,
+    integration: str = "perplexity",
+    text_column_name: str | Sequence[str] | None = None,
+    limit: int | None = None,
+    sequence_length: int | None = None,
+    stride: int | None = None,
+    batch_size: int = 4,
+    max_generated_tokens: int = DEFAULT_MAX_GENERATED_TOKENS,
+    split: str | None = None,
+    timeout: float = 5.0,
+    prompt_processing_sequence_length: int = 128,
+    num_cores: int | None = None,
+    progress: bool | None = None,
+) -> EvaluationResult:
+    """Evaluate `model` with `integration` ("perplexity" or "humaneval") on `datasets`
+    (default openai_humaneval).
+
+    perplexity: exact token-weighted perplexity of each sample's text (`text_column_name`: a
+    column or list of columns joined in order; default prompt+canonical_solution for HumanEval,
+    else "text"). Tokenized with the model's default special tokens, every token after the first
+    scored given those before it; PPL = exp(total NLL / total scored tokens). Samples longer than
+    `sequence_length` (default: the model's context, at most 2048) are scored with a strided
+    window (`stride`, default sequence_length // 2), each token once. `batch_size` samples share
+    each engine step.
+
+    humaneval: pass@1 of greedy completions (`max_generated_tokens`, HumanEval stop strings),
+    `batch_size` problems generated together, each program run in a sandboxed subprocess killed
+    after `timeout` seconds.
+
+    `limit` evaluates the first N samples; `progress` shows a progress bar (default: only on a
+    terminal). Bad settings, missing files and unknown columns raise ValueError /
+    FileNotFoundError before the model is loaded.
+    """
+    if integration not in INTEGRATIONS:
+        raise ValueError(f"unknown integration {integration!r}; accepted: "
+                         f"{', '.join(INTEGRATIONS)}")
+    _check_positive(limit=limit, sequence_length=sequence_length, stride=stride,
+                    batch_size=batch_size, max_generated_tokens=max_generated_tokens,
+                    prompt_processing_sequence_length=prompt_processing_sequence_length)
+    datasets = "openai_humaneval" if datasets is None else datasets
+    records = ds.load_records(datasets, limit=limit, split=split)
+    if not records:
+        raise ValueError(f"dataset {_dataset_name(datasets)} has no samples")
+    if integration == "perplexity":
+        texts = ds.texts_from_records(records, text_column_name)  # checks the columns
+    else:
+        check_problems(records)
+    checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
+    common: dict[str, Any] = dict(
+        model=str(model) if not isinstance(model, Checkpoint) else str(checkpoint.path),
+        dataset=_dataset_name(datasets), limit=limit, batch_size=batch_size,
+        prompt_processing_sequence_length=prompt_processing_sequence_length,
+        num_cores=num_cores, progress=progress,
+    )
+    if sequence_length is None:
+        context = int(checkpoint.config.get("max_position_embeddings") or
+                      MAX_DEFAULT_SEQUENCE_LENGTH)
+        sequence_length = min(context, MAX_DEFAULT_SEQUENCE_LENGTH)
+    if integration == "perplexity":
+        columns = _columns(records, text_column_name)
+        return evaluate_perplexity(checkpoint, texts, columns=columns,
+                                   sequence_length=sequence_length, stride=stride, **common)
+    return evaluate_humaneval(checkpoint, records, sequence_length=sequence_length,
+                              max_generated_tokens=max_generated_tokens, timeout=timeout,
+                              **common)
+
+
+def evaluate_perplexity(
+    checkpoint: Checkpoint,
+    texts: Sequence[str],
+    *,
+    model: str,
+    dataset: str,
+    sequence_length: int,
+    stride: int | None = None,
+    columns: Sequence[str] = (),
+    limit: int | None = None,
+    batch_size: int = 4,
+    prompt_processing_sequence_length: int = 128,
+    num_cores: int | None = None,
+    progress: bool | None = None,
+) -> PerplexityResult:
+    """Perplexity of `texts` (see the module `perplexity` for the convention)."""
+    from ..engine import Engine
+
+    if sequence_length < 2:
+        raise ValueError(f"sequence_length must be at least 2, got {sequence_length}")
+    stride = sequence_length // 2 if stride is None else stride
+    plan_windows(2, sequence_length, stride)  # validates the stride
+    start = time.perf_counter()
+    engine = Engine(checkpoint, sequence_length=sequence_length, max_sequences=batch_size,
+                    prompt_processing_sequence_length=prompt_processing_sequence_length,
+                    num_cores=num_cores)
+    ids = [checkpoint.tokenizer.encode(t) for t in texts]
+    with _progress(progress, sum(max(0, len(i) - 1) for i in ids), "scoring", "tok") as bar:
+        totals = score_token_ids(engine, ids, sequence_length, stride, on_scored=bar.update)
+    return PerplexityResult(
+        model=model, format=format_name(checkpoint), dataset=dataset, samples=len(texts),
+        seconds=round(time.perf_counter() - start, 3), limit=limit,
+        sequence_length=sequence_length, batch_size=batch_size,
+        perplexity=perplexity_of(totals), tokens=totals.tokens, nll=totals.nll,
+        columns=list(columns), stride=stride,
+    )
+
+
+def evaluate_humaneval(
+    checkpoint: Checkpoint,
+    problems: Sequence[dict[str, Any]],
+    *,
+    model: str,
+    dataset: str,
+    sequence_length: int,
+    max_generated_tokens: int = DEFAULT_MAX_GENERATED_TOKENS,
+    stop: Sequence[str] = STOP_SEQUENCES,
+    timeout: float = 5.0,
+    limit: int | None = None,
+    batch_size: int = 4,
+    prompt_processing_sequence_length: int = 128,
+    num_cores: int | None = None,
+    progress: bool | None = None,
+    workers: int | None = None,
+) -> HumanEvalResult:
+    """pass@1 of greedy completions of HumanEval-style problems (task_id, prompt, test,
+    entry_point)."""
+    from ..pipeline import TextGeneration
+
+    check_problems(problems)
+    start = time.perf_counter()
+    pipeline = TextGeneration(checkpoint, sequence_length=sequence_length, batch_size=batch_size,
+                              prompt_processing_sequence_length=prompt_processing_sequence_length,
+                              num_cores=num_cores)
+    for p in problems:  # fail before generating anything
+        pipeline.generator.check_fits(pipeline.tokenizer.encode(p["prompt"]))
+    with _progress(progress, len(problems), "generating", "problem") as bar:
+        completions = generate_completions(pipeline, problems, max_generated_tokens, stop,
+                                           on_done=lambda: bar.update(1))
+    with _progress(progress, len(problems), "executing", "program") as bar:
+        executions = execute_completions(problems, completions, timeout, workers,
+                                         on_result=lambda i, r: bar.update(1))
+    count = {s: sum(e.status == s for e in executions)
+             for s in ("passed", "failed", "timeout", "crashed")}
+    details = [
+        {"task_id": c.task_id, "status": e.status, "detail": e.detail,
+         "finished_reason": c.finished_reason, "generated_tokens": c.tokens,
+         "completion": c.text}
+        for c, e in zip(completions, executions, strict=True)
+    ]
+    return HumanEvalResult(
+        model=model, format=format_name(checkpoint), dataset=dataset, samples=len(problems),
+        seconds=round(time.perf_counter() - start, 3), limit=limit,
+        sequence_length=sequence_length, batch_size=batch_size,
+        pass_at_1=count["passed"] / len(problems), passed=count["passed"],
+        failed=count["failed"], timeouts=count["timeout"], crashed=count["crashed"],
+        max_generated_tokens=max_generated_tokens, stop=list(stop), timeout=timeout,
+        problems=details,
+    )
+
+
+def format_name(checkpoint: Checkpoint) -> str:
+    """Container and weight formats: "gguf:fp32" (dequantized), "safetensors:sparse_int8", ..."""
+    names = sorted({f.name for f in checkpoint.weight_formats.values()})
+    return f"{checkpoint.format}:{'+'.join(names) if names else 'fp32'}"
+
+
+def _columns(records: Sequence[dict[str, Any]], text_column_name: Any) -> list[str]:
+    if text_column_name is None:
+        return ["prompt", "canonical_solution"] if "canonical_solution" in records[0] else \
+            ["text"]
+    return [text_column_name] if isinstance(text_column_name, str) else list(text_column_name)
+
+
+def _dataset_name(dataset: Any) -> str:
+    if isinstance(dataset, str | Path):
+        return str(dataset)
+    return f"<{len(dataset)} in-memory samples>"
+
+
+def _check_positive(**values: int | None) -> None:
+    for name, value in values.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _progress(enabled: bool | None, total: int, desc: str, unit: str) -> Any:
+    """A tqdm bar on stderr: shown on a terminal only unless `enabled` forces it on or off."""
+    if enabled is False:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit=unit, disable=None if enabled is None else False,
+                leave=False, dynamic_ncols=True)
