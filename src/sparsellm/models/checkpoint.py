@@ -4,6 +4,7 @@ tensors + config + tokenizer. I/O lives here; architectures hold only math."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,12 @@ import numpy as np
 
 from ..tokenizer import Tokenizer
 from .architectures import Architecture, find_architecture
+from .compressed import decode_compressed_tensors, is_compressed_config
 from .formats import QuantizedTensor, WeightFormat
 from .registry import MODELS, resolve_hf_cache, resolve_registered
 from .safetensors_io import read_safetensors
+
+logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -111,15 +115,17 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
     config = json.loads(config_path.read_text())
     names = config.get("architectures") or [config.get("model_type", "?")]
     arch = find_architecture(names[0])
-    from .compressed import is_compressed_config, load_compressed_folder
-
-    if is_compressed_config(config):
-        return load_compressed_folder(folder, config, arch)
-    files = _safetensors_files(folder)
-    tensors: dict[str, np.ndarray] = {}
-    for file in files:
-        tensors.update(read_safetensors(file))
-    tensors = {k: _to_float32(v) for k, v in tensors.items()}
+    raw: dict[str, np.ndarray] = {}
+    for file in _safetensors_files(folder):
+        raw.update(read_safetensors(file))
+    formats: dict[str, WeightFormat] = {}
+    quantized: dict[str, QuantizedTensor] = {}
+    if is_compressed_config(config):  # compressed-tensors: integers, bitmasks, declared formats
+        tensors, formats, quantized, notes = decode_compressed_tensors(raw, config)
+        for note in notes:
+            logger.info("%s: %s", folder, note)
+    else:
+        tensors = {k: _to_float32(v) for k, v in raw.items()}
     gen_path = folder / "generation_config.json"
     return Checkpoint(
         path=folder,
@@ -129,6 +135,8 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
         tensors=tensors,
         tokenizer=Tokenizer.from_files(folder),
         generation_config=json.loads(gen_path.read_text()) if gen_path.is_file() else {},
+        weight_formats=formats,
+        quantized=quantized,
     )
 
 

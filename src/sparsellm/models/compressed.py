@@ -20,10 +20,8 @@ exact integers.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -286,29 +284,3 @@ def _per_row(arr: np.ndarray, rows: int) -> np.ndarray:
     if arr.size == 1:
         return np.full((rows, 1), arr.reshape(-1)[0], dtype=arr.dtype)
     return np.ascontiguousarray(arr.reshape(rows, -1))
-
-
-def load_compressed_folder(folder: Path, config: dict[str, Any], arch: Any) -> Any:
-    """A compressed-tensors HF folder -> Checkpoint (see the module docstring)."""
-    from ..tokenizer import Tokenizer
-    from .checkpoint import Checkpoint, _safetensors_files
-    from .safetensors_io import read_safetensors
-
-    raw: dict[str, np.ndarray] = {}
-    for file in _safetensors_files(folder):
-        raw.update(read_safetensors(file))
-    tensors, formats, quantized, notes = decode_compressed_tensors(raw, config)
-    gen_path = folder / "generation_config.json"
-    for note in notes:
-        logger.info("%s: %s", folder, note)
-    return Checkpoint(
-        path=folder,
-        format="safetensors",
-        architecture=arch,
-        config=config,
-        tensors=tensors,
-        tokenizer=Tokenizer.from_files(folder),
-        generation_config=json.loads(gen_path.read_text()) if gen_path.is_file() else {},
-        weight_formats=formats,
-        quantized=quantized,
-    )
