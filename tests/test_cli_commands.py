@@ -3,18 +3,16 @@ subprocess. (Named test_cli_commands.py: tests/evaluation/test_cli.py owns the b
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+from subprocess_env import subprocess_env
 
 
 def sparsellm(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = subprocess_env()
     return subprocess.run([sys.executable, "-m", "sparsellm.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparsellm.cli import main
-
-SRC = Path(__file__).resolve().parents[2] / "src"
+from subprocess_env import subprocess_env
 
 
 @pytest.fixture
@@ -26,7 +24,7 @@ def dataset(tmp_path: Path) -> Path:
 
 def test_eval_command_in_a_subprocess(tiny_model, dataset, tmp_path) -> None:
     out = tmp_path / "results" / "out.json"
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = subprocess_env()
     proc = subprocess.run(
         [sys.executable, "-m", "sparsellm.cli", "eval", str(tiny_model), str(tiny_model),
          "--integration", "perplexity", "--dataset", str(dataset), "--sequence-length", "64",
@@ -63,7 +61,7 @@ def test_bad_input_exits_2_with_one_line(tiny_model, dataset, tmp_path, capsys, 
 
 
 def test_bad_input_in_a_subprocess(tmp_path) -> None:
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = subprocess_env()
     proc = subprocess.run(
         [sys.executable, "-m", "sparsellm.cli", "eval", "some-model", "--integration", "bleu"],
         capture_output=True, text=True, env=env, timeout=120,

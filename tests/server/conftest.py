@@ -4,7 +4,6 @@ the tiny random Llama from tests/conftest.py."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -18,7 +17,8 @@ import httpx
 import pytest
 import yaml
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from subprocess_env import subprocess_env
+
 API_KEY = "test-key-123"
 
 
@@ -35,8 +35,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log_path = log_path
-        env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH",
-                                                                                     "")}
+        env = subprocess_env()
         env.pop("SPARSELLM_API_KEY", None)
         cmd = (entry or [sys.executable, "-m", "sparsellm.cli"]) + \
             ["serve", "--port", str(self.port), "--log-level", "warning", *args]
