@@ -72,8 +72,8 @@ class Engine:
                                           packed=packed, max_tokens=max(
                                               prompt_processing_sequence_length, max_sequences))
         else:
-            self.model = self.checkpoint.architecture.module.LlamaModel(
-                self.args, reference_tensors(self.checkpoint, self.formats, packed))
+            self.model = self.checkpoint.build_model(
+                reference_tensors(self.checkpoint, self.formats, packed))
         a = self.args
         self.cache = KVCache(a.num_hidden_layers, max_sequences, a.num_key_value_heads,
                              sequence_length, a.head_dim)
@@ -107,9 +107,7 @@ class Engine:
     def weight_bytes_per_step(self) -> int:
         """Bytes of weights one decode step reads: every linear weight as stored (the norms and
         the one embedding row per token are negligible)."""
-        if self.backend == "native":
-            return self.model.weight_bytes
-        return self.model.weight_nbytes()
+        return self.model.weight_bytes
 
     @property
     def weights_description(self) -> str:
@@ -126,7 +124,7 @@ class Engine:
         n = len(tokens)
         if n == 0:
             raise ValueError("prefill needs at least one token")
-        self._check_room(seq, n)
+        self._check_room(seq, n)  # all of it, before any chunk is written
         outs = []
         for start in range(0, n, self.prompt_chunk):
             chunk = tokens[start:start + self.prompt_chunk]
@@ -142,8 +140,6 @@ class Engine:
 
     def decode_step(self, seqs: list[int], tokens: list[int]) -> np.ndarray:
         """Append one token to each sequence -> logits (len(seqs), vocab)."""
-        for s in seqs:
-            self._check_room(s, 1)
         return self.step(seqs, [[t] for t in tokens], np.arange(len(seqs)))
 
     def step(self, seqs: list[int], tokens: list[list[int]], logit_rows: np.ndarray) -> np.ndarray:
@@ -151,6 +147,8 @@ class Engine:
 
         logit_rows index the flattened tokens; returns (len(logit_rows), vocab).
         """
+        for s, ts in zip(seqs, tokens, strict=True):
+            self._check_room(s, len(ts))
         flat = np.fromiter((t for ts in tokens for t in ts), dtype=np.int64)
         if flat.size and (flat.min() < 0 or flat.max() >= self.vocab_size):
             raise ValueError(f"token id out of range [0, {self.vocab_size})")

@@ -70,6 +70,7 @@ class _Live:
         self.next_token: int | None = None  # sampled, not yet fed to the engine
         self.draft_slot: int | None = None  # the sequence's slot in the draft engine
         self.draft_behind: list[int] = []  # accepted tokens the draft has not been fed yet
+        self.history = list(request.prompt_ids)  # prompt + output, for repetition penalty
 
 
 class BatchGenerator:
@@ -158,7 +159,8 @@ class BatchGenerator:
 
     def _advance(self, r: GenerationRequest, logits: np.ndarray) -> TokenEvent:
         """Sample the next token of r from `logits` and emit it."""
-        token = self.active[r].sampler(logits, r.prompt_ids + r.output_ids)
+        live = self.active[r]
+        token = live.sampler(logits, live.history)
         return self._emit(r, token, logits)
 
     def _speculative_step(self, decoding: list[GenerationRequest]) -> list[TokenEvent]:
@@ -185,8 +187,8 @@ class BatchGenerator:
             logits = draft.step([lives[i].draft_slot for i in todo], tokens, rows)
             for i, row in zip(todo, logits, strict=True):
                 r, live = decoding[i], lives[i]
-                q = live.sampler.distribution(row, r.prompt_ids + r.output_ids + proposals[i])
-                proposals[i].append(_draw_from(q, live.sampler))
+                q = live.sampler.distribution(row, live.history + proposals[i])
+                proposals[i].append(live.sampler.draw(q))
                 q_rows[i].append(q)
             todo = [i for i in todo if len(proposals[i]) < ks[i]]
             tokens = [[proposals[i][-1]] for i in todo]
@@ -199,8 +201,7 @@ class BatchGenerator:
         for i, (r, live) in enumerate(zip(decoding, lives, strict=True)):
             rows = logits[offset:offset + len(verify[i])]
             offset += len(verify[i])
-            history = r.prompt_ids + r.output_ids
-            p = np.stack([live.sampler.distribution(rows[j], history + proposals[i][:j])
+            p = np.stack([live.sampler.distribution(rows[j], live.history + proposals[i][:j])
                           for j in range(len(rows))])
             n, nxt = accept_draft(p, np.asarray(q_rows[i]), proposals[i], live.sampler.rng)
             if ks[i]:
@@ -232,6 +233,7 @@ class BatchGenerator:
         if r.logprobs is not None:
             r.token_logprobs.append(_logprobs(logits, token, r.logprobs))
         r.output_ids.append(token)
+        live.history.append(token)
         cfg = r.config
         if token in self.eos_token_ids and not cfg.force_max_tokens:
             return self._finish(r, FINISH_STOP, token)
@@ -282,12 +284,6 @@ class BatchGenerator:
         while self.has_work:
             self.step()
         return list(requests)
-
-
-def _draw_from(probs: np.ndarray, sampler: Sampler) -> int:
-    if sampler.config.deterministic:
-        return int(np.argmax(probs))
-    return sampler.draw(probs)
 
 
 def _logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, dict[int, float]]:

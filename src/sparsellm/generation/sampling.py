@@ -128,4 +128,11 @@ class Sampler:
         return self.draw(self.distribution(logits, history))
 
     def draw(self, probs: np.ndarray) -> int:
-        return int(self.rng.choice(probs.shape[-1], p=probs / probs.sum()))
+        return draw(probs, self.rng)
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """A token from `probs`; a one-hot distribution (greedy) needs no randomness."""
+    if probs.max() == 1.0:
+        return int(np.argmax(probs))
+    return int(rng.choice(probs.shape[-1], p=probs / probs.sum()))

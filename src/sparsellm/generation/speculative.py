@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .sampling import draw
+
 
 @dataclass
 class SpeculationStats:
@@ -46,14 +48,8 @@ def accept_draft(
         residual = np.maximum(p[i] - q[i], 0.0)
         total = residual.sum()
         dist = residual / total if total > 0 else p[i]
-        return i, _draw(dist, rng)
-    return len(draft), _draw(p[len(draft)], rng)
-
-
-def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
-    if probs.max() == 1.0:  # one-hot (greedy): no randomness needed
-        return int(np.argmax(probs))
-    return int(rng.choice(probs.shape[-1], p=probs / probs.sum()))
+        return i, draw(dist, rng)
+    return len(draft), draw(p[len(draft)], rng)
 
 
 def check_compatible_vocab(main_tokenizer: object, draft_tokenizer: object) -> None:

@@ -47,8 +47,9 @@ class Checkpoint:
     def args(self) -> Any:
         return self.architecture.module.ModelArgs.from_config(self.config)
 
-    def build_model(self) -> Any:
-        return self.architecture.module.LlamaModel(self.args, self.tensors)
+    def build_model(self, tensors: dict[str, np.ndarray] | None = None) -> Any:
+        """The NumPy reference model over `tensors` (default: the checkpoint's own)."""
+        return self.architecture.module.LlamaModel(self.args, tensors or self.tensors)
 
     @property
     def eos_token_ids(self) -> list[int]:

@@ -160,7 +160,8 @@ class LlamaModel:
         self.inv_freq = inv_freq.astype(np.float64)
         self.attention_scale = 1.0 / math.sqrt(args.head_dim)
 
-    def weight_nbytes(self) -> int:
+    @property
+    def weight_bytes(self) -> int:
         """Bytes of every weight a decode step reads (not the embedding table)."""
         return sum(t.nbytes for layer in self.layers for t in layer.values()) + \
             self.norm.nbytes + self.lm_head.nbytes
