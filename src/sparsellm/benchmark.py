@@ -7,7 +7,6 @@ the bytes of weights read per step and the bandwidth that implies (gpt-fast's ha
 from __future__ import annotations
 
 import gc
-import json
 import os
 import resource
 import sys
@@ -320,11 +319,3 @@ def compare_report(a: BenchmarkResult, b: BenchmarkResult) -> str:
         f"  weights read per step {b.weight_bytes_per_step / 1e6:.1f} vs "
         f"{a.weight_bytes_per_step / 1e6:.1f} MB",
     ])
-
-
-def export_json(path: str | Path, payload: Any) -> None:
-    """Write atomically: a partial file never replaces a good one."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, path)

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..benchmark import benchmark, benchmark_speculative, compare_report, export_json
+    from ..atomic import write_json_atomic
+    from ..benchmark import benchmark, benchmark_speculative, compare_report
 
     if args.draft_model:
         spec = benchmark_speculative(
@@ -38,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
             weights=args.weights)
         print(spec.report())
         if args.export_json:
-            export_json(args.export_json, spec.to_dict())
+            write_json_atomic(args.export_json, spec.to_dict())
         return 0
 
     settings = dict(batch_size=args.batch_size, scenario=args.scenario,
@@ -54,5 +55,5 @@ def main(args: argparse.Namespace) -> int:
         print()
         print(compare_report(results[0], results[1]))
     if args.export_json:
-        export_json(args.export_json, [r.to_dict() for r in results])
+        write_json_atomic(args.export_json, [r.to_dict() for r in results])
     return 0

@@ -5,7 +5,6 @@ interrupted run never leaves a folder that loads as a model."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import write_json_atomic
 from ..models.checkpoint import Checkpoint
 from ..models.compressed import bitmask_compress, pack_int32
 from ..models.formats import QuantizedTensor, WeightFormat
@@ -163,20 +163,6 @@ def hf_config(source: Checkpoint) -> dict[str, Any]:
     return config
 
 
-def _write_json(path: Path, data: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=False, default=_json_default)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, np.generic):
-        return x.item()
-    raise TypeError(f"not JSON serializable: {type(x).__name__}")
-
-
 def write_tokenizer(source: Checkpoint, folder: Path) -> None:
     tok = source.tokenizer
     tok._tok.save(str(folder / "tokenizer.json"))
@@ -189,7 +175,7 @@ def write_tokenizer(source: Checkpoint, folder: Path) -> None:
     }
     if tok.chat_template:
         config["chat_template"] = tok.chat_template
-    _write_json(folder / "tokenizer_config.json", {k: v for k, v in config.items()
+    write_json_atomic(folder / "tokenizer_config.json", {k: v for k, v in config.items()
                                                    if v is not None})
 
 
@@ -225,17 +211,17 @@ def save_compressed(
         eos = model.source.eos_token_ids
         if eos:
             gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
-        _write_json(tmp / "generation_config.json", {k: v for k, v in gen.items()
+        write_json_atomic(tmp / "generation_config.json", {k: v for k, v in gen.items()
                                                      if v is not None})
         if recipe_yaml is not None:
             (tmp / "recipe.yaml").write_text(recipe_yaml)
         if report is not None:
-            _write_json(tmp / "compression_report.json", report)
+            write_json_atomic(tmp / "compression_report.json", report)
         config = hf_config(model.source)
         qconfig = quantization_config(model)
         if qconfig is not None:
             config["quantization_config"] = qconfig
-        _write_json(tmp / "config.json", config)  # last: the folder is a model only now
+        write_json_atomic(tmp / "config.json", config)  # last: the folder is a model only now
         old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import datasets as ds
+from ..atomic import write_json_atomic
 from ..models import Checkpoint, load_checkpoint
 from .humaneval import STOP_SEQUENCES, check_problems, execute_completions, generate_completions
 from .perplexity import perplexity_of, plan_windows, score_token_ids, token_nll
-from .result import EvaluationResult, HumanEvalResult, PerplexityResult, write_json_atomic
+from .result import EvaluationResult, HumanEvalResult, PerplexityResult
 from .sandbox import ExecutionResult, run_program, run_programs
 
 INTEGRATIONS = ("perplexity", "humaneval")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine import Engine
+from ..generation.sampling import log_softmax
 
 LOGSOFTMAX_BLOCK = 128  # rows converted to float64 at a time (bounds the temporary memory)
 
@@ -68,11 +69,9 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """-log softmax(logits)[target] per row, computed in float64. logits: (n, vocab) -> (n,)."""
     out = np.empty(len(targets), dtype=np.float64)
     for start in range(0, len(targets), LOGSOFTMAX_BLOCK):
-        x = logits[start:start + LOGSOFTMAX_BLOCK].astype(np.float64)
+        logp = log_softmax(logits[start:start + LOGSOFTMAX_BLOCK])
         t = targets[start:start + LOGSOFTMAX_BLOCK]
-        m = x.max(axis=1)
-        lse = m + np.log(np.exp(x - m[:, None]).sum(axis=1))
-        out[start:start + len(t)] = lse - x[np.arange(len(t)), t]
+        out[start:start + len(t)] = -logp[np.arange(len(t)), t]
     return out
 
 

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 
@@ -85,24 +81,3 @@ class HumanEvalResult(EvaluationResult):
     def _metric_names(self) -> set[str]:
         return {"pass_at_1", "passed", "failed", "timeouts", "crashed", "stop"}
 
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to `path` through a temporary file in the same folder and os.replace, so a
-    reader never sees a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def results_to_json(results: Sequence[EvaluationResult]) -> list[dict[str, Any]]:
-    return [r.to_dict() for r in results]

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..engine import ContextLengthError, Engine
 from .config import GenerationConfig
-from .sampling import Sampler
+from .sampling import Sampler, log_softmax
 from .speculative import SpeculationStats, accept_draft, check_compatible_vocab
 from .text import IncrementalDetokenizer, StopStrings
 
@@ -288,9 +288,7 @@ class BatchGenerator:
 
 def _logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, dict[int, float]]:
     """The model's log-probability of `token` (before sampling filters) and the `top` best."""
-    x = logits.astype(np.float64)
-    m = x.max()
-    logp = x - (m + np.log(np.exp(x - m).sum()))
+    logp = log_softmax(logits)
     best = np.argpartition(-logp, top)[:top] if top else np.array([], dtype=np.int64)
     best = best[np.argsort(-logp[best])]
     return float(logp[token]), {int(i): float(logp[i]) for i in best}

@@ -83,6 +83,13 @@ def make_logits_processors(config: GenerationConfig) -> list[LogitsProcessor]:
     return procs
 
 
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+
+
 def softmax(x: np.ndarray) -> np.ndarray:
     """Softmax in float64; +inf logits (an extreme repetition penalty) share all the mass."""
     x = np.asarray(x, dtype=np.float64)

@@ -113,9 +113,6 @@ class NativeLlamaModel:
         """
         i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
         tokens, slots, positions, rows = i64(tokens), i64(slots), i64(positions), i64(logit_rows)
-        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if c.dtype != np.float32 or not c.flags.c_contiguous:
-                raise ValueError(f"{name} must be a C-contiguous float32 array")
         out = np.empty((rows.size, self.args.vocab_size), dtype=np.float32)
         T, M = tokens.size, self.max_tokens
         if T <= M:

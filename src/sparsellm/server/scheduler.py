@@ -86,10 +86,6 @@ class Submission:
             yield index, event
             left -= event.last
 
-    @property
-    def done(self) -> bool:
-        return all(s.done for s in self.streams)
-
 
 class _Stream:
     """Scheduler-side state of one request."""
