@@ -78,7 +78,7 @@ def compress(
     from ..datasets import load_texts
     from ..models.checkpoint import load_checkpoint
     from .calibration import SequentialCompressor, calibration_samples
-    from .save import check_output_dir, save_compressed, stored_bytes
+    from .save import check_output_dir, encode_tensors, save_compressed
 
     start = time.perf_counter()
     parsed = parse_recipe(recipe)
@@ -99,10 +99,11 @@ def compress(
     calib_start = time.perf_counter()
     run = SequentialCompressor(ckpt, plan, samples, progress).run()
     calib_seconds = time.perf_counter() - calib_start
-    sizes = {s.name: stored_bytes(run.model, s.name) for s in run.stats}
+    encoded = encode_tensors(run.model)  # once: for the report's sizes and for the file
+    sizes = {s.name: sum(int(a.nbytes) for a in encoded[s.name].values()) for s in run.stats}
     report = build_report(run, sizes, samples.shape, plan.notes, calib_seconds)
     report["seconds_total"] = round(time.perf_counter() - start, 2)  # before writing
-    out = save_compressed(run.model, output_dir, parsed.to_yaml(), report, overwrite)
+    out = save_compressed(run.model, output_dir, parsed.to_yaml(), report, overwrite, encoded)
     result = CompressionResult(out, report, plan.notes)
     if progress or (progress is None and sys.stderr.isatty()):
         print(result.summary(), file=sys.stderr)

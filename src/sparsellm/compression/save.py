@@ -87,15 +87,9 @@ def encode_tensor(model: CompressedModel, name: str) -> dict[str, np.ndarray]:
     return {name: np.asarray(w, dtype=np.float32)}
 
 
-def stored_bytes(model: CompressedModel, name: str) -> int:
-    return sum(int(v.nbytes) for v in encode_tensor(model, name).values())
-
-
-def encode_tensors(model: CompressedModel) -> dict[str, np.ndarray]:
-    stored: dict[str, np.ndarray] = {}
-    for name in model.tensors:
-        stored.update(encode_tensor(model, name))
-    return stored
+def encode_tensors(model: CompressedModel) -> dict[str, dict[str, np.ndarray]]:
+    """{canonical tensor name: its stored arrays}, for every tensor of the model."""
+    return {name: encode_tensor(model, name) for name in model.tensors}
 
 
 def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
@@ -195,14 +189,17 @@ def save_compressed(
     recipe_yaml: str | None = None,
     report: dict[str, Any] | None = None,
     overwrite: bool = False,
+    encoded: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> Path:
-    """Write the folder atomically -> its path."""
+    """Write the folder atomically -> its path. `encoded`: `encode_tensors(model)` if the
+    caller already has it."""
     out = check_output_dir(output_dir, overwrite).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.incomplete-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        stored = encode_tensors(model)
+        encoded = encoded if encoded is not None else encode_tensors(model)
+        stored = {k: v for parts in encoded.values() for k, v in parts.items()}
         write_safetensors(tmp / "model.safetensors", stored, metadata={"format": "pt"})
         del stored
         write_tokenizer(model.source, tmp)
