@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sparsellm.compression import (
@@ -148,3 +150,20 @@ def test_constant_pruning_and_quantize_false():
         "SparseGPTModifier: {sparsity: 0.5, quantize: false}\n"
         "QuantizationModifier: {scheme: W8A16}"), MODULES)
     assert not plan.tensors["model.layers.0.mlp.up_proj"].prune.joint_quant
+
+
+EXAMPLE_RECIPES = sorted((Path(__file__).parents[2] / "examples" / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLE_RECIPES, ids=lambda p: p.name)
+def test_example_recipes_parse_and_plan_every_linear(path):
+    plan = build_plan(parse_recipe(path), weight_modules([], 2), tied_embeddings=True)
+    linears = [f"model.layers.{i}.{m}" for i in range(2) for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+    assert all(name in plan.tensors for name in linears)
+    assert all(plan.tensors[n].prune or plan.tensors[n].quant for n in linears)
+
+
+def test_example_recipes_exist():
+    assert len(EXAMPLE_RECIPES) >= 5
