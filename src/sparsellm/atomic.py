@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +37,37 @@ def _json_default(x: Any) -> Any:
     if isinstance(x, np.generic):
         return x.item()
     raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def check_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
+    """The folder to write; an existing one is refused unless `overwrite`."""
+    out = Path(output_dir).expanduser()
+    if out.exists() and not overwrite:
+        raise ValueError(f"output folder {str(out)!r} already exists; pass overwrite=True "
+                         "(--overwrite) to replace it")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output folder {str(out)!r} exists and is not a folder")
+    return out
+
+
+@contextlib.contextmanager
+def atomic_folder(output_dir: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a hidden temporary folder next to `output_dir`; when the block succeeds it is
+    renamed into place (replacing an existing folder only with `overwrite`), when it fails it is
+    removed. An interrupted write never leaves a half-written folder at `output_dir`."""
+    out = check_output_dir(output_dir, overwrite).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.incomplete-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(out, old)
+        os.rename(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

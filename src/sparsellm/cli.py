@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS = {
     "compress": "compress a model one-shot (SparseGPT, GPTQ, int8/int4) with a recipe",
     "generate": "generate text with a model, streamed to the terminal",
+    "export": "write a self-contained deployment folder for a model",
     "models": "list model names and supported architectures",
     "eval": "evaluate models: perplexity on a dataset or HumanEval pass@1, one row per model",
     "benchmark": "measure decode and prefill speed, latency, memory and bandwidth",

@@ -72,7 +72,8 @@ class TextGeneration(Pipeline):
 
     Construction settings size the engine (`sequence_length` tokens per sequence, `batch_size`
     sequences decoded together, prompts processed `prompt_processing_sequence_length` tokens at a
-    time, `num_cores` threads). Any `GenerationConfig` field passed here becomes a default that
+    time, `num_cores` threads; `sequence_length` defaults to an exported deployment's, else
+    1024). Any `GenerationConfig` field passed here becomes a default that
     each call can override. With `draft_model_path` (a smaller or compressed model with the same
     tokenizer) decoding is speculative: the draft proposes `num_speculative_tokens` tokens per
     step and the model verifies them; outputs are those of the model alone.
@@ -81,7 +82,7 @@ class TextGeneration(Pipeline):
     def __init__(
         self,
         model_path: str | Path | Checkpoint = DEFAULT_MODEL,
-        sequence_length: int = 1024,
+        sequence_length: int | None = None,
         prompt_processing_sequence_length: int = 64,
         batch_size: int = 4,
         num_cores: int | None = None,
@@ -99,6 +100,8 @@ class TextGeneration(Pipeline):
         checkpoint = model_path if isinstance(model_path, Checkpoint) else \
             load_checkpoint(model_path)
         self.model_path = str(checkpoint.path)
+        if sequence_length is None:  # an exported deployment's, else 1024
+            sequence_length = int(checkpoint.deployment.get("sequence_length", 1024))
         self.engine = Engine(
             checkpoint,
             sequence_length=sequence_length,

@@ -10,8 +10,9 @@ from ..models import DEFAULT_MODEL
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sequence-length", type=int, default=1024,
-                   help="tokens per sequence, prompt + generated (default 1024)")
+    p.add_argument("--sequence-length", type=int, default=None,
+                   help="tokens per sequence, prompt + generated (default: an exported "
+                   "deployment's, else 1024)")
     p.add_argument("--prompt-processing-sequence-length", type=int, default=64,
                    help="prompt tokens processed per step (default 64)")
     p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")

@@ -75,10 +75,11 @@ def compress(
     `load_checkpoint` / `Pipeline.create`; an existing folder is replaced only with overwrite.
     A progress bar shows on a terminal (`progress` forces it on or off).
     """
+    from ..atomic import check_output_dir
     from ..datasets import load_texts
     from ..models.checkpoint import load_checkpoint
     from .calibration import SequentialCompressor, calibration_samples
-    from .save import check_output_dir, encode_tensors, save_compressed
+    from .save import encode_tensors, save_compressed
 
     start = time.perf_counter()
     parsed = parse_recipe(recipe)

@@ -1,20 +1,17 @@
 """Write a compressed model as an HF folder following the compressed-tensors conventions
 (see sparsellm.models.compressed for the stored forms), atomically: everything is written into a
-hidden temporary folder next to `output_dir` (config.json last) and renamed into place, so an
-interrupted run never leaves a folder that loads as a model."""
+hidden temporary folder next to `output_dir` and renamed into place (`sparsellm.atomic`), so an
+interrupted run never leaves a half-written folder."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..atomic import write_json_atomic
+from ..atomic import atomic_folder, write_json_atomic
 from ..models.checkpoint import Checkpoint
 from ..models.compressed import bitmask_compress, pack_int32
 from ..models.formats import QuantizedTensor, WeightFormat
@@ -173,14 +170,35 @@ def write_tokenizer(source: Checkpoint, folder: Path) -> None:
                                                    if v is not None})
 
 
-def check_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
-    out = Path(output_dir).expanduser()
-    if out.exists() and not overwrite:
-        raise ValueError(f"output_dir {str(out)!r} already exists; pass overwrite=True "
-                         "(--overwrite) to replace it")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output_dir {str(out)!r} exists and is not a folder")
-    return out
+def write_model_files(
+    model: CompressedModel,
+    folder: Path,
+    recipe_yaml: str | None = None,
+    report: dict[str, Any] | None = None,
+    encoded: dict[str, dict[str, np.ndarray]] | None = None,
+) -> None:
+    """Write the model's files into an (empty, temporary) folder; config.json last."""
+    encoded = encoded if encoded is not None else encode_tensors(model)
+    stored = {k: v for parts in encoded.values() for k, v in parts.items()}
+    write_safetensors(folder / "model.safetensors", stored, metadata={"format": "pt"})
+    del stored
+    write_tokenizer(model.source, folder)
+    gen = dict(model.source.generation_config)
+    gen.setdefault("bos_token_id", model.source.config.get("bos_token_id"))
+    eos = model.source.eos_token_ids
+    if eos:
+        gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    write_json_atomic(folder / "generation_config.json", {k: v for k, v in gen.items()
+                                                        if v is not None})
+    if recipe_yaml is not None:
+        (folder / "recipe.yaml").write_text(recipe_yaml)
+    if report is not None:
+        write_json_atomic(folder / "compression_report.json", report)
+    config = hf_config(model.source)
+    qconfig = quantization_config(model)
+    if qconfig is not None:
+        config["quantization_config"] = qconfig
+    write_json_atomic(folder / "config.json", config)
 
 
 def save_compressed(
@@ -191,42 +209,8 @@ def save_compressed(
     overwrite: bool = False,
     encoded: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> Path:
-    """Write the folder atomically -> its path. `encoded`: `encode_tensors(model)` if the
-    caller already has it."""
-    out = check_output_dir(output_dir, overwrite).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.incomplete-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        encoded = encoded if encoded is not None else encode_tensors(model)
-        stored = {k: v for parts in encoded.values() for k, v in parts.items()}
-        write_safetensors(tmp / "model.safetensors", stored, metadata={"format": "pt"})
-        del stored
-        write_tokenizer(model.source, tmp)
-        gen = dict(model.source.generation_config)
-        gen.setdefault("bos_token_id", model.source.config.get("bos_token_id"))
-        eos = model.source.eos_token_ids
-        if eos:
-            gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
-        write_json_atomic(tmp / "generation_config.json", {k: v for k, v in gen.items()
-                                                     if v is not None})
-        if recipe_yaml is not None:
-            (tmp / "recipe.yaml").write_text(recipe_yaml)
-        if report is not None:
-            write_json_atomic(tmp / "compression_report.json", report)
-        config = hf_config(model.source)
-        qconfig = quantization_config(model)
-        if qconfig is not None:
-            config["quantization_config"] = qconfig
-        write_json_atomic(tmp / "config.json", config)  # last: the folder is a model only now
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-        os.rename(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    """Write the folder atomically (see `atomic_folder`) -> its path. `encoded`:
+    `encode_tensors(model)` if the caller already has it."""
+    with atomic_folder(output_dir, overwrite) as tmp:
+        write_model_files(model, tmp, recipe_yaml, report, encoded)
+    return Path(output_dir).expanduser().absolute()

@@ -21,6 +21,7 @@ from .safetensors_io import read_safetensors
 logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+DEPLOYMENT_FILE = "deployment.json"  # written by sparsellm.export: task, sequence_length
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Checkpoint:
     # Declared formats of the tensors that are not dense fp32, and their exact stored values.
     weight_formats: dict[str, WeightFormat] = field(default_factory=dict)
     quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
+    deployment: dict[str, Any] = field(default_factory=dict)  # an exported folder's settings
 
     @property
     def args(self) -> Any:
@@ -128,6 +130,7 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
     else:
         tensors = {k: _to_float32(v) for k, v in raw.items()}
     gen_path = folder / "generation_config.json"
+    deployment_path = folder / DEPLOYMENT_FILE
     return Checkpoint(
         path=folder,
         format="safetensors",
@@ -138,6 +141,7 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
         generation_config=json.loads(gen_path.read_text()) if gen_path.is_file() else {},
         weight_formats=formats,
         quantized=quantized,
+        deployment=json.loads(deployment_path.read_text()) if deployment_path.is_file() else {},
     )
 
 
