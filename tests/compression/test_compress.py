@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from sparsellm import Pipeline, compress, load_checkpoint
+from sparsellm import Engine, Pipeline, compress, load_checkpoint
 from sparsellm.cli import main as cli_main
 from sparsellm.compression.calibration import calibration_samples
 
@@ -47,6 +47,26 @@ def test_seed_recipe_end_to_end(tiny_tied_model, calib_texts, tmp_path, seed_rec
         "def add(").sequences[0]
     assert isinstance(text, str)
     assert (out / "recipe.yaml").read_text().strip() == SEED_RECIPE.strip()
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_tied_lm_head_runs_in_the_embeddings_format(tiny_tied_model, calib_texts, tmp_path,
+                                                     symmetric):
+    """A tied lm_head multiplies by the (int8) embedding table: it runs in int8, from the stored
+    integers when they are symmetric, within one quantization step of them otherwise."""
+    recipe = ("QuantizationModifier:\n  config_groups:\n    g:\n      targets: [Embedding]\n"
+              f"      weights: {{num_bits: 8, symmetric: {str(symmetric).lower()}}}\n")
+    compress(tiny_tied_model, calib_texts, recipe, tmp_path / "o", 2, 16, progress=False)
+    ckpt = load_checkpoint(tmp_path / "o")
+    engine = Engine(ckpt)
+    assert engine.formats["lm_head.weight"] == "int8"
+    head = engine.model.dequantized_tensors()["lm_head.weight"]
+    emb = ckpt.tensors["model.embed_tokens.weight"]
+    step = np.abs(emb).max(axis=1, keepdims=True) / 127
+    if symmetric:
+        np.testing.assert_allclose(head, emb, rtol=0, atol=1e-6)
+    else:
+        assert (np.abs(head - emb) <= step).all()
 
 
 def test_sparsegpt_beats_magnitude_on_model(tiny_model, calib_texts, tmp_path):

@@ -77,9 +77,7 @@ class Engine:
         a = self.args
         self.cache = KVCache(a.num_hidden_layers, max_sequences, a.num_key_value_heads,
                              sequence_length, a.head_dim)
-        tensors = self.checkpoint.tensors
-        self.vocab_size = tensors.get("lm_head.weight",
-                                      tensors["model.embed_tokens.weight"]).shape[0]
+        self.vocab_size = a.vocab_size
 
     # ---- sequences ------------------------------------------------------------------------------
     def add_sequence(self) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import numpy as np
 
 
@@ -16,8 +19,8 @@ class KVCache:
     def __init__(self, num_layers: int, max_sequences: int, num_kv_heads: int, capacity: int,
                  head_dim: int, dtype: np.dtype = np.float32):
         shape = (num_layers, max_sequences, num_kv_heads, capacity, head_dim)
-        self.k = np.zeros(shape, dtype=dtype)  # (layers, slots, kv_heads, capacity, head_dim)
-        self.v = np.zeros(shape, dtype=dtype)  # same as k
+        self.k = _untouched_zeros(shape, dtype)  # (layers, slots, kv_heads, capacity, head_dim)
+        self.v = _untouched_zeros(shape, dtype)  # same as k
         self.capacity = capacity
         self.lengths = np.zeros(max_sequences, dtype=np.int64)  # (slots,) tokens held
         self._free = list(range(max_sequences - 1, -1, -1))
@@ -57,3 +60,17 @@ class KVCache:
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot trim slot {slot} of {self.lengths[slot]} tokens to {length}")
         self.lengths[slot] = length
+
+
+def _untouched_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zeroed array whose memory becomes resident only where it is written, so a long cache
+    costs memory as it fills. Anonymous mmap pages are zero until touched; transparent huge
+    pages are turned off for it, or the first token of each (layer, head) would make a whole
+    2 MB page resident."""
+    dtype = np.dtype(dtype)
+    count = math.prod(shape)
+    buf = mmap.mmap(-1, max(1, count * dtype.itemsize),
+                    flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)

@@ -10,8 +10,10 @@ from ..kernels import FORMATS, PackedWeight, pack, parse_format
 from ..kernels.formats import pack_quantized
 from ..kernels.reference import dequantize
 from ..models import Checkpoint
+from ..models.formats import DENSE_FP32, WeightFormat
 
 logger = logging.getLogger(__name__)
+EMBEDDING = "model.embed_tokens.weight"
 
 
 def weight_formats(
@@ -20,7 +22,8 @@ def weight_formats(
     """-> ({linear weight name: format}, {name: packed exact integers}).
 
     Declared formats win (`checkpoint.weight_formats`, with the stored integers packed as they
-    are); `weights` instead converts every linear weight on load; anything else is fp32.
+    are; a tied lm_head follows the embedding's); `weights` instead converts every linear weight
+    on load; anything else is fp32.
     """
     names = checkpoint.architecture.module.linear_weight_names(checkpoint.args)
     if weights is not None:
@@ -29,12 +32,17 @@ def weight_formats(
         return dict.fromkeys(names, weights), {}
     formats = {}
     packed = {}
+    declared_formats = dict(checkpoint.weight_formats)
+    stored_as = {}  # a tied lm_head is stored as the embedding table
+    if "lm_head.weight" not in checkpoint.tensors:
+        declared_formats["lm_head.weight"] = tied_head_format(checkpoint)
+        stored_as["lm_head.weight"] = EMBEDDING
     for name in names:
-        declared = checkpoint.weight_formats.get(name)
+        declared = declared_formats.get(name)
         formats[name] = declared.name if declared else "fp32"
         parse_format(formats[name])  # an unsupported declared format fails here, by name
-        qt = checkpoint.quantized.get(name)
-        if qt is not None:
+        qt = checkpoint.quantized.get(stored_as.get(name, name))
+        if qt is not None and qt.format == declared:  # else packed from the fp32 values
             q = qt.q
             if qt.format.bits == 8 and qt.zero_point is None and q.min(initial=0) < -127:
                 # Some writers use [-128, 127]; the int8 kernels need |q| <= 127. Moving the
@@ -43,6 +51,18 @@ def weight_formats(
                 q = np.maximum(q, -127)
             packed[name] = pack_quantized(q, qt.scale, formats[name], qt.zero_point, qt.mask)
     return formats, packed
+
+
+def tied_head_format(checkpoint: Checkpoint) -> WeightFormat:
+    """The format a tied lm_head runs in: the embedding table's declared weight format, with
+    8-bit zero points dropped (the int8 kernels are symmetric; such a table is requantized
+    symmetrically, within one quantization step of the stored values)."""
+    emb = checkpoint.weight_formats.get(EMBEDDING)
+    if emb is None or emb.bits == 32:
+        return DENSE_FP32
+    if emb.bits == 8:
+        return WeightFormat(bits=8)
+    return WeightFormat(bits=emb.bits, group_size=emb.group_size or 32, symmetric=emb.symmetric)
 
 
 def reference_tensors(

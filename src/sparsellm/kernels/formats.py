@@ -125,6 +125,10 @@ def padded_cols(cols: int, group: int = 0) -> int:
 
 
 def _pad(w: np.ndarray, kp: int) -> np.ndarray:
+    """w zero-padded to kp columns; w itself when it already is (an fp32 matrix whose width is
+    aligned packs without a copy, e.g. a tied lm_head shares the embedding table's memory)."""
+    if w.shape[1] == kp and w.flags.c_contiguous:
+        return w
     out = np.zeros((w.shape[0], kp), dtype=w.dtype)
     out[:, : w.shape[1]] = w
     return out

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,9 @@ from ..tokenizer import Tokenizer
 from .architectures import Architecture, find_architecture
 from .compressed import decode_compressed_tensors, is_compressed_config
 from .formats import QuantizedTensor, WeightFormat
+from .lazy import LazyTensors
 from .registry import MODELS, resolve_hf_cache, resolve_registered
-from .safetensors_io import read_safetensors
+from .safetensors_io import SafetensorsFile
 
 logger = logging.getLogger(__name__)
 
@@ -28,21 +31,22 @@ DEPLOYMENT_FILE = "deployment.json"  # written by sparsellm.export: task, sequen
 class Checkpoint:
     """A loaded model: canonical (HF-named) tensors, config and tokenizer.
 
-    `tensors` always holds fp32 values (dequantized where the checkpoint stores integers), which
+    `tensors` always gives fp32 values (dequantized where the checkpoint stores integers), which
     the NumPy reference path and calibration use; `weight_formats` says how a tensor is stored and
-    should run natively, and `quantized` keeps the exact integers for those that are.
+    should run natively, and `quantized` gives the exact integers for those that are. From
+    safetensors both are LazyTensors: read from the files at each access, never kept.
     """
 
     path: Path
     format: str  # "gguf" | "safetensors"
     architecture: Architecture
     config: dict[str, Any]
-    tensors: dict[str, np.ndarray]
+    tensors: Mapping[str, np.ndarray]
     tokenizer: Tokenizer
     generation_config: dict[str, Any] = field(default_factory=dict)
     # Declared formats of the tensors that are not dense fp32, and their exact stored values.
     weight_formats: dict[str, WeightFormat] = field(default_factory=dict)
-    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
+    quantized: Mapping[str, QuantizedTensor] = field(default_factory=dict)
     deployment: dict[str, Any] = field(default_factory=dict)  # an exported folder's settings
 
     @property
@@ -118,17 +122,16 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
     config = json.loads(config_path.read_text())
     names = config.get("architectures") or [config.get("model_type", "?")]
     arch = find_architecture(names[0])
-    raw: dict[str, np.ndarray] = {}
-    for file in _safetensors_files(folder):
-        raw.update(read_safetensors(file))
+    files = [SafetensorsFile(f) for f in _safetensors_files(folder)]
+    raw = LazyTensors({name: partial(f.__getitem__, name) for f in files for name in f})
     formats: dict[str, WeightFormat] = {}
-    quantized: dict[str, QuantizedTensor] = {}
+    quantized: Mapping[str, QuantizedTensor] = {}
     if is_compressed_config(config):  # compressed-tensors: integers, bitmasks, declared formats
         tensors, formats, quantized, notes = decode_compressed_tensors(raw, config)
         for note in notes:
             logger.info("%s: %s", folder, note)
     else:
-        tensors = {k: _to_float32(v) for k, v in raw.items()}
+        tensors = LazyTensors({name: partial(_float32_tensor, raw, name) for name in raw})
     gen_path = folder / "generation_config.json"
     deployment_path = folder / DEPLOYMENT_FILE
     return Checkpoint(
@@ -163,7 +166,8 @@ def _safetensors_files(folder: Path) -> list[Path]:
     raise FileNotFoundError(f"no *.safetensors weights in {folder}")
 
 
-def _to_float32(arr: np.ndarray) -> np.ndarray:
+def _float32_tensor(raw: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    arr = raw[name]
     if np.issubdtype(arr.dtype, np.floating) and arr.dtype != np.float32:
         return arr.astype(np.float32)
-    return np.asarray(arr)
+    return arr

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .formats import QuantizedTensor, WeightFormat
+from .lazy import LazyTensors
 
 logger = logging.getLogger(__name__)
 
@@ -172,111 +175,144 @@ def _targeted(module: str, cfg: dict[str, Any]) -> bool:
 
 # ---- loading ------------------------------------------------------------------------------------
 def decode_compressed_tensors(
-    raw: dict[str, np.ndarray], config: dict[str, Any]
-) -> tuple[dict[str, np.ndarray], dict[str, WeightFormat], dict[str, QuantizedTensor], list[str]]:
-    """Stored tensors + config.json -> (fp32 tensors, declared formats, exact integers, notes)."""
+    raw: Mapping[str, np.ndarray], config: dict[str, Any]
+) -> tuple[LazyTensors[np.ndarray], dict[str, WeightFormat], LazyTensors[QuantizedTensor],
+           list[str]]:
+    """Stored tensors + config.json -> (fp32 tensors, declared formats, exact integers, notes).
+
+    Formats are decided here (reading each weight once: a stored mask's structure, or zeros
+    measured in a densely stored weight); the tensors and integers are decoded from `raw` again
+    whenever they are accessed, so nothing stays in memory (see LazyTensors).
+    """
     quant, sparsity = compression_configs(config)
     notes: list[str] = []
-    raw = dict(raw)
     qformat = (quant or {}).get("format") or "dense"
     sformat = (sparsity or {}).get("format") or "dense"
     if sparsity and sformat not in SUPPORTED_SPARSITY_FORMATS:
         raise ValueError(f"sparsity format {sformat!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_SPARSITY_FORMATS)}")
 
-    # 1. sparse-bitmask parts -> dense stored values (int8 codes or floats) + keep masks
-    masks: dict[str, np.ndarray] = {}
-    for key in [k for k in raw if k.endswith(".bitmask")]:
-        base = key[: -len(".bitmask")]
-        parts = {p: raw.pop(f"{base}.{p}") for p in BITMASK_PARTS if f"{base}.{p}" in raw}
-        if len(parts) != len(BITMASK_PARTS):
-            raise ValueError(f"sparse-bitmask tensor {base} is missing parts: "
-                             f"{sorted(set(BITMASK_PARTS) - set(parts))}")
-        name = base if base.endswith(".weight") else base + ".weight"
-        raw[name], masks[name] = bitmask_decompress(parts)
+    # 1. sparse-bitmask parts: weight name -> prefix of its four parts
+    bitmasked: dict[str, str] = {}
+    for key in raw:
+        if key.endswith(".bitmask"):
+            base = key[: -len(".bitmask")]
+            missing = [p for p in BITMASK_PARTS if f"{base}.{p}" not in raw]
+            if missing:
+                raise ValueError(f"sparse-bitmask tensor {base} is missing parts: {missing}")
+            bitmasked[base if base.endswith(".weight") else base + ".weight"] = base
+    consumed = {f"{b}.{p}" for b in bitmasked.values() for p in BITMASK_PARTS}
+
+    def stored(name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """The stored values of `name` (bitmask expanded, zeros elsewhere) and its keep mask."""
+        base = bitmasked.get(name)
+        if base is None:
+            return np.asarray(raw[name]), None
+        return bitmask_decompress({p: raw[f"{base}.{p}"] for p in BITMASK_PARTS})
 
     # 2. quantized weights
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, Callable[[], np.ndarray]] = {}
     formats: dict[str, WeightFormat] = {}
-    quantized: dict[str, QuantizedTensor] = {}
+    quantized: dict[str, Callable[[], QuantizedTensor]] = {}
     groups = (quant or {}).get("config_groups") or {}
     modules = sorted({k.rsplit(".", 1)[0] for k in raw
                       if k.endswith((".weight_scale", ".weight_packed"))})
     for module in modules:
-        name = module + ".weight"
         scheme = scheme_for(module, groups, (quant or {}).get("ignore") or [])
         if scheme is None or not scheme.get("weights"):
             raise ValueError(f"{module} has quantization scales but no config group of "
                              "quantization_config targets it")
-        wargs, aargs = scheme["weights"], scheme.get("input_activations")
-        if wargs.get("type", "int") != "int":
-            raise ValueError(f"{module}: {wargs.get('type')} weights are not supported; "
-                             "supported: int (4 and 8 bits)")
+        if scheme["weights"].get("type", "int") != "int":
+            raise ValueError(f"{module}: {scheme['weights'].get('type')} weights are not "
+                             "supported; supported: int (4 and 8 bits)")
         fmt_name = scheme.get("format") or qformat
         if fmt_name not in SUPPORTED_QUANT_FORMATS:
             raise ValueError(f"{module}: quantization format {fmt_name!r} is not supported; "
                              f"supported: {', '.join(SUPPORTED_QUANT_FORMATS)}")
-        bits = int(wargs.get("num_bits", 8))
-        symmetric = bool(wargs.get("symmetric", True))
-        if module + ".weight_packed" in raw:
-            shape = [int(s) for s in np.asarray(raw.pop(module + ".weight_shape")).reshape(-1)]
-            q = unpack_int32(raw.pop(module + ".weight_packed"), bits, shape[1])
-        else:
-            q = np.asarray(raw.pop(name))
-            if not np.issubdtype(q.dtype, np.integer):
-                notes.append(f"{module}: stored as float ({fmt_name}); kept dense")
-                raw[name] = q
-                raw.pop(module + ".weight_scale", None)
-                raw.pop(module + ".weight_zero_point", None)
-                continue
-            q = q.astype(np.int8)
-        rows, cols = q.shape
-        scale = _per_row(np.asarray(raw.pop(module + ".weight_scale"), dtype=np.float32), rows)
-        groups_n = scale.shape[1]
-        zp = raw.pop(module + ".weight_zero_point", None)
-        if symmetric:
-            zp = None
-        elif zp is None:
-            zp = np.zeros((rows, groups_n), dtype=np.int8)
-        else:
-            zp = np.asarray(zp)
-            if zp.dtype == np.int32 and bits < 8 and zp.size != rows * groups_n:
-                zp = unpack_int32(zp.reshape(-1, groups_n), bits, rows, axis=0)
-            zp = _per_row(zp, rows).astype(np.int8)
-        group_size = cols // groups_n if wargs.get("strategy") == "group" else None
-        keep = masks.pop(name, None)
-        sparse = None
-        if keep is not None:
-            sparse = mask_structure(keep)
-            if zp is not None:  # positions outside the bitmask hold the zero point (= 0.0)
-                q = np.where(keep, q, np.repeat(zp, cols // groups_n, axis=1))
-        elif not sparsity or _targeted(module, sparsity):
-            zero = q == (0 if zp is None else np.repeat(zp, cols // groups_n, axis=1))
-            sparse = measured_structure(zero)
-            if sparse:
-                keep = ~zero
-                notes.append(f"{module}: sparsity {zero.mean():.1%} measured ({sparse}), "
-                             "stored densely")
-        act = int(aargs["num_bits"]) if aargs else None
-        fmt = WeightFormat(bits=bits, group_size=group_size, symmetric=symmetric,
-                           activation_bits=act, sparsity=sparse)
-        qt = QuantizedTensor(q=q, scale=scale, zero_point=zp, format=fmt, mask=keep)
-        tensors[name], formats[name], quantized[name] = qt.dequantize(), fmt, qt
+        name = module + ".weight"
+        consumed |= {f"{module}.weight{s}" for s in ("", "_packed", "_shape", "_scale",
+                                                      "_zero_point")}
+        load = partial(_quantized_tensor, raw, stored, module, scheme, sparsity)
+        qt = load()
+        if qt is None:
+            notes.append(f"{module}: stored as float ({fmt_name}); kept dense")
+            consumed.discard(name)
+            continue
+        if qt.mask is not None and name not in bitmasked:
+            notes.append(f"{module}: sparsity {1 - qt.mask.mean():.1%} measured "
+                         f"({qt.format.sparsity}), stored densely")
+        formats[name] = qt.format
+        quantized[name] = load
+        tensors[name] = lambda load=load: load().dequantize()
 
     # 3. float tensors (sparse-bitmask or dense)
-    for name, arr in raw.items():
-        arr = np.asarray(arr)
-        tensors[name] = arr.astype(np.float32) if arr.dtype != np.float32 else arr
-        if name in masks:
-            formats[name] = WeightFormat(sparsity=mask_structure(masks[name]))
-        elif sparsity and arr.ndim == 2 and name.endswith(".weight") and \
+    for name in [*(k for k in raw if k not in consumed),
+                 *(n for n in bitmasked if n not in quantized)]:
+        if name in bitmasked:
+            formats[name] = WeightFormat(sparsity=mask_structure(stored(name)[1]))
+        elif sparsity and name.endswith(".weight") and \
                 _targeted(name[: -len(".weight")], sparsity):
-            found = measured_structure(arr == 0)
+            arr = stored(name)[0]
+            found = measured_structure(arr == 0) if arr.ndim == 2 else None
             if found:
                 formats[name] = WeightFormat(sparsity=found)
                 notes.append(f"{name}: sparsity {(arr == 0).mean():.1%} measured ({found}), "
                              "stored densely")
-    return tensors, formats, quantized, notes
+        tensors[name] = lambda name=name: _float32(stored(name)[0])
+    return LazyTensors(tensors), formats, LazyTensors(quantized), notes
+
+
+def _quantized_tensor(
+    raw: Mapping[str, np.ndarray],
+    stored: Callable[[str], tuple[np.ndarray, np.ndarray | None]],
+    module: str, scheme: dict[str, Any], sparsity: dict[str, Any] | None,
+) -> QuantizedTensor | None:
+    """Decode one quantized weight from its stored arrays (None if its values are floats)."""
+    wargs, aargs = scheme["weights"], scheme.get("input_activations")
+    name = module + ".weight"
+    bits = int(wargs.get("num_bits", 8))
+    symmetric = bool(wargs.get("symmetric", True))
+    keep = None
+    if module + ".weight_packed" in raw:
+        shape = [int(s) for s in np.asarray(raw[module + ".weight_shape"]).reshape(-1)]
+        q = unpack_int32(raw[module + ".weight_packed"], bits, shape[1])
+    else:
+        q, keep = stored(name)
+        if not np.issubdtype(q.dtype, np.integer):
+            return None
+        q = q.astype(np.int8)
+    rows, cols = q.shape
+    scale = _per_row(np.asarray(raw[module + ".weight_scale"], dtype=np.float32), rows)
+    groups_n = scale.shape[1]
+    zp = raw.get(module + ".weight_zero_point")
+    if symmetric:
+        zp = None
+    elif zp is None:
+        zp = np.zeros((rows, groups_n), dtype=np.int8)
+    else:
+        zp = np.asarray(zp)
+        if zp.dtype == np.int32 and bits < 8 and zp.size != rows * groups_n:
+            zp = unpack_int32(zp.reshape(-1, groups_n), bits, rows, axis=0)
+        zp = _per_row(zp, rows).astype(np.int8)
+    group_size = cols // groups_n if wargs.get("strategy") == "group" else None
+    sparse = None
+    if keep is not None:
+        sparse = mask_structure(keep)
+        if zp is not None:  # positions outside the bitmask hold the zero point (= 0.0)
+            q = np.where(keep, q, np.repeat(zp, cols // groups_n, axis=1))
+    elif not sparsity or _targeted(module, sparsity):
+        zero = q == (0 if zp is None else np.repeat(zp, cols // groups_n, axis=1))
+        sparse = measured_structure(zero)
+        if sparse:
+            keep = ~zero
+    act = int(aargs["num_bits"]) if aargs else None
+    fmt = WeightFormat(bits=bits, group_size=group_size, symmetric=symmetric,
+                       activation_bits=act, sparsity=sparse)
+    return QuantizedTensor(q=q, scale=scale, zero_point=zp, format=fmt, mask=keep)
+
+
+def _float32(arr: np.ndarray) -> np.ndarray:
+    return arr if arr.dtype == np.float32 else arr.astype(np.float32)
 
 
 def _per_row(arr: np.ndarray, rows: int) -> np.ndarray:

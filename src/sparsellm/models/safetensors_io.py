@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -18,31 +19,48 @@ _NAMES = {np.dtype(v): k for k, v in _DTYPES.items() if k not in ("BF16", "U16")
 _NAMES[np.dtype(np.uint16)] = "U16"
 
 
-def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """Tensors of one file, memory-mapped; BF16 is widened to float32."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in _DTYPES:
-            raise ValueError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
+class SafetensorsFile(Mapping[str, np.ndarray]):
+    """The tensors of one .safetensors file, each read from disk when accessed: no memory map,
+    nothing cached, so weights are resident only where a caller keeps them. BF16 is widened to
+    float32."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_len))
+        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        for name, info in header.items():
+            if info["dtype"] not in _DTYPES:
+                raise ValueError(f"{self.path}: tensor {name} has unsupported dtype "
+                                 f"{info['dtype']}")
+        self._info = header
+        self._data_start = 8 + header_len
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        info = self._info[name]
         start, stop = info["data_offsets"]
-        arr = data[start:stop].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+        raw = np.fromfile(self.path, dtype=np.uint8, count=stop - start,
+                          offset=self._data_start + start)
+        arr = raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
         if info["dtype"] == "BF16":
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        out[name] = arr
-    return out
+        return arr
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._info)
+
+    def __len__(self) -> int:
+        return len(self._info)
+
+
+def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of one file, read into memory; BF16 is widened to float32."""
+    return dict(SafetensorsFile(path))
 
 
 def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(header_len)).get("__metadata__", {})
+    return SafetensorsFile(path).metadata
 
 
 def write_safetensors(
