@@ -102,3 +102,26 @@ def test_slots_are_limited_and_reused(checkpoint):
     engine.release(a)
     assert engine.add_sequence() == a and engine.length(a) == 0
     assert engine.cache.nbytes == 2 * 2 * 2 * 2 * 8 * 16 * 4  # k+v, layers, slots, kv, cap, hd
+
+
+def _resident_mb() -> float:
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e6
+
+
+def test_kv_cache_memory_becomes_resident_as_it_fills():
+    from sparsellm.engine.kv_cache import KVCache
+
+    before = _resident_mb()
+    cache = KVCache(30, 2, 3, 2048, 64)  # 2 x 94 MB
+    cache.k[:, :, :, 0] = 1.0  # the first token of every (layer, slot, head)
+    cache.v[:, :, :, 0] = 1.0
+    assert _resident_mb() - before < 20
+    assert cache.nbytes == 2 * 30 * 2 * 3 * 2048 * 64 * 4
+    assert cache.k[:, :, :, 1:].max() == 0 and cache.k.flags.writeable
+
+
+def test_checkpoint_tensors_are_read_at_each_access(checkpoint):
+    name = "model.layers.0.mlp.up_proj.weight"
+    a, b = checkpoint.tensors[name], checkpoint.tensors[name]
+    assert a is not b and not np.shares_memory(a, b)
+    np.testing.assert_array_equal(a, b)
