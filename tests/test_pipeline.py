@@ -138,6 +138,15 @@ def test_chat_messages_use_the_template(pipe, tiny_hf_tokenizer):
         messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
+def test_weights_converts_every_linear_on_load(tiny_llama_dir):
+    pipe = Pipeline.create(model_path=str(tiny_llama_dir), weights="int8_a8", batch_size=1,
+                           max_generated_tokens=8)
+    assert set(pipe.engine.formats.values()) == {"int8_a8"}
+    assert isinstance(pipe("def f(x):").sequences[0], str)
+    with pytest.raises(ValueError, match="unknown weights format 'int9'.*int8_a8"):
+        Pipeline.create(model_path=str(tiny_llama_dir), weights="int9")
+
+
 def test_bad_input(pipe, tiny_llama_dir):
     with pytest.raises(ContextLengthError, match=r"the prompt has \d+ tokens but "
                                                  r"sequence_length is 48"):

@@ -71,12 +71,14 @@ class TextGeneration(Pipeline):
     """Generate text with a causal LM.
 
     Construction settings size the engine (`sequence_length` tokens per sequence, `batch_size`
-    sequences decoded together, prompts processed `prompt_processing_sequence_length` tokens at a
-    time, `num_cores` threads; `sequence_length` defaults to an exported deployment's, else
-    1024). Any `GenerationConfig` field passed here becomes a default that
-    each call can override. With `draft_model_path` (a smaller or compressed model with the same
-    tokenizer) decoding is speculative: the draft proposes `num_speculative_tokens` tokens per
-    step and the model verifies them; outputs are those of the model alone.
+    sequences decoded together, prompts processed `prompt_processing_sequence_length` tokens at
+    a time, `num_cores` threads; `sequence_length` defaults to an exported deployment's, else
+    1024). `weights` (a `sparsellm.kernels.FORMATS` name, e.g. "int8_a8") converts every linear
+    weight on load instead of running the checkpoint's declared formats. Any `GenerationConfig`
+    field passed here becomes a default that each call can override. With `draft_model_path` (a
+    smaller or compressed model with the same tokenizer) decoding is speculative: the draft
+    proposes `num_speculative_tokens` tokens per step and the model verifies them; outputs are
+    those of the model alone.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class TextGeneration(Pipeline):
         prompt_processing_sequence_length: int = 64,
         batch_size: int = 4,
         num_cores: int | None = None,
+        weights: str | None = None,
         internal_kv_cache: bool = True,  # accepted for DeepSparse compatibility; always internal
         generation_config: GenerationConfig | dict[str, Any] | None = None,
         draft_model_path: str | Path | Checkpoint | None = None,
@@ -108,6 +111,7 @@ class TextGeneration(Pipeline):
             max_sequences=batch_size,
             prompt_processing_sequence_length=prompt_processing_sequence_length,
             num_cores=num_cores,
+            weights=weights,
         )
         self.tokenizer = checkpoint.tokenizer
         self.sequence_length = sequence_length

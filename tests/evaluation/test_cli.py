@@ -45,6 +45,13 @@ def test_eval_command_in_a_subprocess(tiny_model, dataset, tmp_path) -> None:
     assert "\r" not in proc.stderr  # no progress bar when not on a terminal
 
 
+def test_eval_weights_converts_on_load(tiny_model, dataset, capsys) -> None:
+    assert main(["eval", str(tiny_model), "--dataset", str(dataset), "--sequence-length", "64",
+                 "--weights", "int8_a8"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[1]
+    assert f"{tiny_model} [int8_a8]" in row
+
+
 @pytest.mark.parametrize("args, message", [
     (["--dataset", "{tmp}/missing.jsonl"], "does not exist"),
     (["--dataset", "{data}", "--integration", "mmlu"], "unknown integration 'mmlu'"),

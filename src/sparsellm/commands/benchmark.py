@@ -17,8 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time", "-t", type=float, default=10.0, help="seconds to measure")
     p.add_argument("--warmup-time", "-w", type=float, default=2.0)
     p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
-    p.add_argument("--weights", default=None,
-                   help="convert weights on load: fp32, int8, w8a8, int4, int4_asym")
+    p.add_argument("--weights", default=None, metavar="FORMAT",
+                   help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8, "
+                   "sparse_int8_a8; sparsellm.kernels.FORMATS)")
     p.add_argument("--compare", default=None, metavar="MODEL2",
                    help="benchmark a second model in the same process and print the ratio")
     p.add_argument("--draft-model", default=None, metavar="DRAFT",

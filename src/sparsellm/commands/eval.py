@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-processing-sequence-length", type=int, default=128,
                    help="tokens per sequence per engine step (default 128)")
     p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("--weights", default=None, metavar="FORMAT",
+                   help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8) "
+                   "instead of running the checkpoint's declared formats")
     p.add_argument("--export-json", default=None, metavar="FILE",
                    help="write the results (a JSON list, one object per model) to FILE")
 
@@ -72,6 +75,7 @@ def main(args: argparse.Namespace) -> int:
             split=args.split, timeout=args.timeout,
             prompt_processing_sequence_length=args.prompt_processing_sequence_length,
             num_cores=args.num_cores,
+            weights=args.weights,
         )
         if not results:  # the header once the first model evaluated (errors come first)
             print(_row(columns, [name for name, _, _ in columns]), flush=True)

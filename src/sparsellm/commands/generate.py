@@ -16,6 +16,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-processing-sequence-length", type=int, default=64,
                    help="prompt tokens processed per step (default 64)")
     p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("--weights", default=None, metavar="FORMAT",
+                   help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8) "
+                   "instead of running the checkpoint's declared formats")
     p.add_argument("--draft-model", default=None,
                    help="draft model for speculative decoding (same tokenizer, smaller or "
                         "compressed)")
@@ -74,6 +77,7 @@ def main(args: argparse.Namespace) -> int:
         prompt_processing_sequence_length=args.prompt_processing_sequence_length,
         batch_size=1,
         num_cores=args.num_cores,
+        weights=args.weights,
         draft_model_path=args.draft_model,
         num_speculative_tokens=args.num_speculative_tokens,
         **generation_kwargs(args),

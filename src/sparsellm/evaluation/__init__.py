@@ -52,6 +52,7 @@ def evaluate(
     timeout: float = 5.0,
     prompt_processing_sequence_length: int = 128,
     num_cores: int | None = None,
+    weights: str | None = None,
     progress: bool | None = None,
 ) -> EvaluationResult:
     """Evaluate `model` with `integration` ("perplexity" or "humaneval") on `datasets`
@@ -69,9 +70,10 @@ def evaluate(
     `batch_size` problems generated together, each program run in a sandboxed subprocess killed
     after `timeout` seconds.
 
-    `limit` evaluates the first N samples; `progress` shows a progress bar (default: only on a
-    terminal). Bad settings, missing files and unknown columns raise ValueError /
-    FileNotFoundError before the model is loaded.
+    `weights` converts every linear weight on load (e.g. "int8_a8") instead of running the
+    checkpoint's declared formats. `limit` evaluates the first N samples; `progress` shows a
+    progress bar (default: only on a terminal). Bad settings, missing files and unknown columns
+    raise ValueError / FileNotFoundError before the model is loaded.
     """
     if integration not in INTEGRATIONS:
         raise ValueError(f"unknown integration {integration!r}; accepted: "
@@ -89,10 +91,11 @@ def evaluate(
         check_problems(records)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
     common: dict[str, Any] = dict(
-        model=str(model) if not isinstance(model, Checkpoint) else str(checkpoint.path),
+        model=(str(model) if not isinstance(model, Checkpoint) else str(checkpoint.path)) +
+        (f" [{weights}]" if weights else ""),
         dataset=_dataset_name(datasets), limit=limit, batch_size=batch_size,
         prompt_processing_sequence_length=prompt_processing_sequence_length,
-        num_cores=num_cores, progress=progress,
+        num_cores=num_cores, weights=weights, progress=progress,
     )
     if sequence_length is None:
         context = int(checkpoint.config.get("max_position_embeddings") or
@@ -120,6 +123,7 @@ def evaluate_perplexity(
     batch_size: int = 4,
     prompt_processing_sequence_length: int = 128,
     num_cores: int | None = None,
+    weights: str | None = None,
     progress: bool | None = None,
 ) -> PerplexityResult:
     """Perplexity of `texts` (see the module `perplexity` for the convention)."""
@@ -132,7 +136,7 @@ def evaluate_perplexity(
     start = time.perf_counter()
     engine = Engine(checkpoint, sequence_length=sequence_length, max_sequences=batch_size,
                     prompt_processing_sequence_length=prompt_processing_sequence_length,
-                    num_cores=num_cores)
+                    num_cores=num_cores, weights=weights)
     ids = [checkpoint.tokenizer.encode(t) for t in texts]
     with _progress(progress, sum(max(0, len(i) - 1) for i in ids), "scoring", "tok") as bar:
         totals = score_token_ids(engine, ids, sequence_length, stride, on_scored=bar.update)
@@ -159,6 +163,7 @@ def evaluate_humaneval(
     batch_size: int = 4,
     prompt_processing_sequence_length: int = 128,
     num_cores: int | None = None,
+    weights: str | None = None,
     progress: bool | None = None,
     workers: int | None = None,
 ) -> HumanEvalResult:
@@ -170,7 +175,7 @@ def evaluate_humaneval(
     start = time.perf_counter()
     pipeline = TextGeneration(checkpoint, sequence_length=sequence_length, batch_size=batch_size,
                               prompt_processing_sequence_length=prompt_processing_sequence_length,
-                              num_cores=num_cores)
+                              num_cores=num_cores, weights=weights)
     for p in problems:  # fail before generating anything
         pipeline.generator.check_fits(pipeline.tokenizer.encode(p["prompt"]))
     with _progress(progress, len(problems), "generating", "problem") as bar:

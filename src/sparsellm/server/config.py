@@ -24,7 +24,7 @@ from ..pipeline import TEXT_GENERATION_TASKS
 
 # TextGeneration constructor arguments an endpoint's kwargs may set (besides generation defaults).
 ENGINE_KWARGS = {
-    "sequence_length", "prompt_processing_sequence_length", "batch_size", "num_cores",
+    "sequence_length", "prompt_processing_sequence_length", "batch_size", "num_cores", "weights",
     "internal_kv_cache", "draft_model_path", "num_speculative_tokens",
 }
 RESERVED_ROUTES = {"/", "/health", "/metrics", "/docs", "/redoc", "/openapi.json", "/playground"}
