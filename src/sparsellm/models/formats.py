@@ -52,10 +52,15 @@ class QuantizedTensor:
     mask: np.ndarray | None = None
 
     def dequantize(self) -> np.ndarray:
+        """-> fp32 (out, in), computed in place in one output-sized buffer (an embedding table
+        is the largest tensor a model loads)."""
         out, cols = self.q.shape
         groups = self.scale.shape[1]
-        q = self.q.astype(np.float32).reshape(out, groups, cols // groups)
-        zp = 0.0 if self.zero_point is None else \
-            self.zero_point.astype(np.float32).reshape(out, groups, 1)
-        w = ((q - zp) * self.scale.astype(np.float32).reshape(out, groups, 1)).reshape(out, cols)
-        return w if self.mask is None else w * self.mask
+        w = self.q.astype(np.float32)
+        g = w.reshape(out, groups, cols // groups)
+        if self.zero_point is not None:
+            g -= self.zero_point.astype(np.float32).reshape(out, groups, 1)
+        g *= self.scale.astype(np.float32).reshape(out, groups, 1)
+        if self.mask is not None:
+            w *= self.mask
+        return w
