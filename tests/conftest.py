@@ -47,6 +47,29 @@ TINY_VARIANTS: dict[str, tuple[str, dict, dict, str]] = {
     "mistral": ("MistralConfig", {"sliding_window": 8}, {}, "float32"),
     "qwen2": ("Qwen2Config", {}, {}, "float32"),
     "qwen2_tied": ("Qwen2Config", {"tie_word_embeddings": True}, {}, "float32"),
+    # other architectures (issue #8): partial rotary, fused layouts, parallel residuals
+    "codegen": ("CodeGenConfig", {"rotary_dim": 8}, {}, "float32"),
+    "gpt2": ("GPT2Config", {}, {}, "float32"),
+    "gptj": ("GPTJConfig", {"rotary_dim": 8}, {}, "float32"),
+    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5}, {}, "float32"),
+    "gpt_neox_sequential": ("GPTNeoXConfig", {"rotary_pct": 0.25, "use_parallel_residual": False,
+                                              "hidden_act": "gelu_new"}, {}, "float32"),
+    "opt": ("OPTConfig", {}, {}, "float32"),
+    "phi2": ("PhiConfig", {"partial_rotary_factor": 0.5}, {}, "float32"),
+    "phi3": ("Phi3Config", {"pad_token_id": 0}, {}, "float32"),
+}
+ARCH_VARIANTS = ["codegen", "gpt2", "gptj", "gpt_neox", "gpt_neox_sequential", "opt", "phi2",
+                 "phi3"]
+_GPT_SIZES = dict(n_embd=64, n_layer=2, n_head=4, n_positions=512)
+# config classes whose size keys differ from TINY_SIZES
+CONFIG_SIZES = {
+    "CodeGenConfig": {**_GPT_SIZES, "n_ctx": 512},
+    "GPT2Config": _GPT_SIZES,
+    "GPTJConfig": _GPT_SIZES,
+    "GPTNeoXConfig": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=128, max_position_embeddings=512),
+    "OPTConfig": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+                      word_embed_proj_dim=64, max_position_embeddings=512),
 }
 
 
@@ -83,11 +106,11 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or ".ln_" in name:
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
             elif name.endswith("bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-            elif "embed" in name:
+            elif "embed" in name or name.endswith(("wte.weight", "wpe.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen))
             else:  # std 1/sqrt(fan_in) * 1.5: O(1) activations, peaky attention
                 p.copy_(1.5 * torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
@@ -96,8 +119,9 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
 def build_tiny_model(folder: Path, variant: str, tokenizer_folder: Path, vocab_size: int) -> None:
     cls_name, overrides, save_kwargs, dtype = TINY_VARIANTS[variant]
     config_cls = getattr(transformers, cls_name)
-    config = config_cls(**TINY_SIZES, vocab_size=vocab_size, max_position_embeddings=512,
-                        bos_token_id=0, eos_token_id=2, **overrides)
+    sizes = CONFIG_SIZES.get(cls_name, {**TINY_SIZES, "max_position_embeddings": 512})
+    config = config_cls(**sizes, vocab_size=vocab_size, bos_token_id=0, eos_token_id=2,
+                        **overrides)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, seed=sum(map(ord, variant)))

@@ -53,7 +53,7 @@ def test_attention_batch_of_sequences(isa, rng, window):
 
 def test_attention_matches_model_reference(rng):
     # The model's own NumPy attention (one sequence, keys 0..L-1) is the same math.
-    from sparsellm.models.llama import attention as model_attention
+    from sparsellm.models.decoder import attention as model_attention
 
     KV, L, hd, H = 2, 9, 16, 6
     k = rng.standard_normal((1, KV, L, hd)).astype(np.float32)

@@ -22,7 +22,7 @@ def weight_formats(
     Declared formats win (`checkpoint.weight_formats`, with the stored integers packed as they
     are); `weights` instead converts every linear weight on load; anything else is fp32.
     """
-    names = checkpoint.architecture.module.linear_weight_names(checkpoint.args)
+    names = checkpoint.linear_weight_names
     if weights is not None:
         if weights not in FORMATS:
             raise ValueError(f"unknown weights format {weights!r}; accepted: {', '.join(FORMATS)}")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..models.llama import ModelArgs, linear_weight_names
+from ..models.decoder import ModelArgs, linear_weight_names
 from ..models.rope import rope_inv_freq
 from . import reference
 from ._ext import native
@@ -85,7 +85,7 @@ class NativeLlamaModel:
         config = {
             "hidden": args.hidden_size, "intermediate": args.intermediate_size,
             "heads": args.num_attention_heads, "kv_heads": args.num_key_value_heads,
-            "head_dim": args.head_dim, "vocab": args.vocab_size, "eps": float(args.rms_norm_eps),
+            "head_dim": args.head_dim, "vocab": args.vocab_size, "eps": float(args.norm_eps),
             "sliding_window": int(args.sliding_window or 0), "max_tokens": self.max_tokens,
             "inv_freq": [float(f) for f in np.asarray(inv_freq, dtype=np.float64)],
         }

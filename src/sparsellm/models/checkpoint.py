@@ -14,6 +14,7 @@ import numpy as np
 from ..tokenizer import Tokenizer
 from .architectures import Architecture, find_architecture
 from .compressed import decode_compressed_tensors, is_compressed_config
+from .decoder import DecoderModel, ModelArgs, layer_weight_names, linear_weight_names
 from .formats import QuantizedTensor, WeightFormat
 from .registry import MODELS, resolve_hf_cache, resolve_registered
 from .safetensors_io import read_safetensors
@@ -21,6 +22,9 @@ from .safetensors_io import read_safetensors
 logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# config.json key sparsellm writes when the safetensors hold canonical (decoder.py) tensor names
+# instead of the architecture's own HF names (see compression/save.py for why).
+TENSOR_NAMES_KEY = "sparsellm_tensor_names"
 
 
 @dataclass
@@ -44,12 +48,17 @@ class Checkpoint:
     quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
 
     @property
-    def args(self) -> Any:
-        return self.architecture.module.ModelArgs.from_config(self.config)
+    def args(self) -> ModelArgs:
+        return self.architecture.args(self.config)
 
-    def build_model(self, tensors: dict[str, np.ndarray] | None = None) -> Any:
+    @property
+    def linear_weight_names(self) -> list[str]:
+        """The 2-D weights formats and compression apply to (lm_head included)."""
+        return linear_weight_names(self.args)
+
+    def build_model(self, tensors: dict[str, np.ndarray] | None = None) -> DecoderModel:
         """The NumPy reference model over `tensors` (default: the checkpoint's own)."""
-        return self.architecture.module.LlamaModel(self.args, tensors or self.tensors)
+        return DecoderModel(self.args, tensors or self.tensors)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -121,12 +130,22 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
         raw.update(read_safetensors(file))
     formats: dict[str, WeightFormat] = {}
     quantized: dict[str, QuantizedTensor] = {}
+    args = arch.args(config)
+    canonical = config.get(TENSOR_NAMES_KEY) == "canonical"
     if is_compressed_config(config):  # compressed-tensors: integers, bitmasks, declared formats
+        if not canonical and arch.name != "llama":
+            raise ValueError(
+                f"{folder}: compressed-tensors checkpoints of {names[0]} are supported as "
+                "sparsellm writes them (canonical tensor names); compress the float model with "
+                "`sparsellm compress` instead")
         tensors, formats, quantized, notes = decode_compressed_tensors(raw, config)
         for note in notes:
             logger.info("%s: %s", folder, note)
     else:
         tensors = {k: _to_float32(v) for k, v in raw.items()}
+        if not canonical:
+            tensors = arch.from_hf(tensors, args)
+    check_tensors(tensors, args, str(folder))
     gen_path = folder / "generation_config.json"
     return Checkpoint(
         path=folder,
@@ -139,6 +158,20 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
         weight_formats=formats,
         quantized=quantized,
     )
+
+
+def check_tensors(tensors: dict[str, np.ndarray], args: ModelArgs, where: str) -> None:
+    """Every tensor the decoder spec needs is there (a clear error instead of a KeyError)."""
+    need = ["model.embed_tokens.weight", "model.norm.weight"]
+    need += [n for i in range(args.num_hidden_layers) for n in layer_weight_names(args, i)]
+    need += ["model.embed_positions.weight"] if args.learned_positions else []
+    need += ["model.norm.bias"] if args.norm == "layer" else []
+    need += ["lm_head.bias"] if args.lm_head_bias else []
+    need += [] if args.tie_word_embeddings else ["lm_head.weight"]
+    missing = [n for n in need if n not in tensors]
+    if missing:
+        raise ValueError(f"{where}: missing tensors {missing[:5]} ({len(missing)} in all) for "
+                         "this architecture's config")
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
