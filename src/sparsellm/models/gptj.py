@@ -11,8 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from .convert import UnsupportedConfigError, activation, group_rows, permute_rope_qk, rename, \
-    split_fused
+from .convert import (
+    UnsupportedConfigError,
+    activation,
+    group_rows,
+    permute_rope_qk,
+    rename,
+    split_fused,
+)
 from .decoder import ModelArgs
 
 CODEGEN_MP_NUM = 4  # CodeGen's qkv_proj rows are 4 model-parallel blocks of [q | v | k]
