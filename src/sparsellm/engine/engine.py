@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 
 from ..kernels import get_num_threads, set_num_threads
-from ..kernels.native_model import NativeLlamaModel
+from ..kernels.native_model import NativeDecoderModel
 from ..models import Checkpoint, load_checkpoint
 from .kv_cache import KVCache
 from .weights import reference_tensors, weight_formats
@@ -68,7 +68,7 @@ class Engine:
         if backend == "native":
             if num_cores is not None:
                 set_num_threads(num_cores)
-            self.model = NativeLlamaModel(self.args, self.checkpoint.tensors, self.formats,
+            self.model = NativeDecoderModel(self.args, self.checkpoint.tensors, self.formats,
                                           packed=packed, max_tokens=max(
                                               prompt_processing_sequence_length, max_sequences))
         else:
