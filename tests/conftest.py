@@ -47,7 +47,8 @@ TINY_VARIANTS: dict[str, tuple[str, dict, dict, str]] = {
     "mistral": ("MistralConfig", {"sliding_window": 8}, {}, "float32"),
     "qwen2": ("Qwen2Config", {}, {}, "float32"),
     "qwen2_tied": ("Qwen2Config", {"tie_word_embeddings": True}, {}, "float32"),
-    # other architectures (issue #8): partial rotary, fused layouts, parallel residuals
+    # other architectures (issue #8, ARCH_VARIANTS): partial rotary, fused layouts, parallel
+    # residuals
     "codegen": ("CodeGenConfig", {"rotary_dim": 8}, {}, "float32"),
     "gpt2": ("GPT2Config", {}, {}, "float32"),
     "gptj": ("GPTJConfig", {"rotary_dim": 8}, {}, "float32"),
@@ -58,8 +59,6 @@ TINY_VARIANTS: dict[str, tuple[str, dict, dict, str]] = {
     "phi2": ("PhiConfig", {"partial_rotary_factor": 0.5}, {}, "float32"),
     "phi3": ("Phi3Config", {"pad_token_id": 0}, {}, "float32"),
 }
-ARCH_VARIANTS = ["codegen", "gpt2", "gptj", "gpt_neox", "gpt_neox_sequential", "opt", "phi2",
-                 "phi3"]
 _GPT_SIZES = dict(n_embd=64, n_layer=2, n_head=4, n_positions=512)
 # config classes whose size keys differ from TINY_SIZES
 CONFIG_SIZES = {

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ARCH_VARIANTS
+from arch_variants import ARCH_VARIANTS
 from sparsellm.engine import Engine
 from sparsellm.models import load_checkpoint
 from sparsellm.models.convert import UnsupportedConfigError, interleaved_to_half_split
