@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
 def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, float, int]:
     """Random SmolLM2-135M-shaped NativeDecoderModel in one format (lm_head: the dense twin of
     the format): (decode tokens/s, prefill tokens/s, packed weight bytes)."""
-    from ..models.llama import ModelArgs, layer_weight_names, linear_weight_names
+    from ..models.decoder import ModelArgs, layer_weight_names, linear_weight_names
     from .native_model import NativeDecoderModel
 
     args = ModelArgs(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
