@@ -49,3 +49,18 @@ def test_sparsegpt_int8_compress_load_generate(variant, tiny_model_dir, calib_te
     pipe = Pipeline.create(model_path=str(out), max_generated_tokens=8, batch_size=1)
     gen = pipe("def add(").generations[0]
     assert len(gen.token_ids) >= 1
+
+
+def test_compress_gguf_source_of_another_architecture(tiny_arch_gguf, calib_texts, tmp_path,
+                                                      seed_recipe):
+    """A Phi-3 GGUF (fused qkv / gate_up in llama.cpp's layout) compresses and loads back."""
+    path, _ = tiny_arch_gguf("phi3")
+    out = tmp_path / "phi3"
+    compress(str(path), calib_texts, seed_recipe, out, num_calibration_samples=2,
+             max_seq_length=32, progress=False)
+    ckpt = load_checkpoint(out)
+    assert ckpt.architecture.name == "phi3" and ckpt.format == "safetensors"
+    assert ckpt.weight_formats["model.layers.1.mlp.gate_proj.weight"].name == "sparse_int8_a8"
+    engine = Engine(ckpt, sequence_length=32)
+    logits = engine.prefill(engine.add_sequence(), [5, 6, 7])
+    assert np.isfinite(logits).all()

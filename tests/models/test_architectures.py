@@ -83,6 +83,21 @@ def test_native_formats_equal_numpy_reference(variant, fmt, tiny_model_dir, toke
     np.testing.assert_allclose(la, lb, atol=tol * np.abs(lb).max(), rtol=0)
 
 
+@pytest.mark.parametrize("variant", ["gpt2", "gpt_neox", "gpt_neox_sequential", "phi2", "phi3"])
+def test_gguf_logits_match_transformers(variant, tiny_arch_gguf, hf_logits_fn, token_ids):
+    """GGUF files of the architectures llama.cpp defines (written like its converter does)."""
+    path, model = tiny_arch_gguf(variant)
+    ck = load_checkpoint(path)
+    assert ck.format == "gguf" and ck.config["model_type"] != "llama"
+    ids = token_ids(60, seed=5)
+    ref = hf_logits_fn(model, ids)
+    for backend in ("numpy", "native"):
+        engine = Engine(ck, sequence_length=64, backend=backend)
+        ours = engine.prefill(engine.add_sequence(), ids, all_logits=True)
+        MAX_DIFFS[f"{variant}/gguf/{backend}"] = float(np.abs(ours - ref).max())
+        np.testing.assert_allclose(ours, ref, atol=TOL, rtol=0)
+
+
 def test_report_max_diffs():
     """Prints the per-architecture max |logit diff| vs transformers (run with -s to see)."""
     for key, diff in sorted(MAX_DIFFS.items()):

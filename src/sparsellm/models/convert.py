@@ -149,3 +149,28 @@ def permute_rope_qk(t: dict[str, np.ndarray], args: ModelArgs) -> None:
                 if name in t:
                     t[name] = interleaved_to_half_split(t[name], heads, args.head_dim,
                                                         args.rotary_dim)
+
+
+def gguf_tensor_names(**overrides: str) -> dict[str, str]:
+    """llama.cpp's tensor names (gguf TensorNameMap) -> canonical or fused intermediate names.
+    overrides: GGUF short name -> canonical module (e.g. ffn_up="mlp.gate_up_proj", Phi-3)."""
+    layer = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "attn_qkv": "self_attn.qkv_proj", "attn_q": "self_attn.q_proj",
+             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj",
+             "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", **overrides}
+    out = {"token_embd.weight": "model.embed_tokens.weight",
+           "position_embd.weight": "model.embed_positions.weight"}
+    for kind in ("weight", "bias"):
+        out[f"output_norm.{kind}"] = f"model.norm.{kind}"
+        out[f"output.{kind}"] = f"lm_head.{kind}"
+        out.update({f"blk.{{i}}.{src}.{kind}": f"model.layers.{{i}}.{dst}.{kind}"
+                    for src, dst in layer.items()})
+    return out
+
+
+def gguf_rope(get: Any, head_dim: int) -> dict[str, Any]:
+    """`rope_parameters` (transformers >= 5 form) from GGUF rope metadata."""
+    rot = get("rope.dimension_count", head_dim)
+    return {"rope_type": "default", "rope_theta": get("rope.freq_base", 10000.0),
+            "partial_rotary_factor": rot / head_dim}

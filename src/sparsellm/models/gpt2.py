@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .convert import activation, refuse, rename, split_fused
+from .convert import activation, gguf_tensor_names, refuse, rename, split_fused
 from .decoder import ModelArgs
 
 
@@ -56,6 +56,26 @@ def from_hf(raw: dict[str, np.ndarray], args: ModelArgs) -> dict[str, np.ndarray
         for m in _CONV1D:
             name = f"model.layers.{i}.{m}.weight"
             t[name] = np.ascontiguousarray(t[name].T)
+    d = args.hidden_size
+    split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", d), ("self_attn.k_proj", d),
+                                          ("self_attn.v_proj", d)], args.num_hidden_layers)
+    return t
+
+
+# ---- GGUF (llama.cpp arch "gpt2": Conv1D weights already transposed, fused [q; k; v]) ------
+GGUF_TENSOR_NAMES = gguf_tensor_names()
+
+
+def gguf_config(arch: str, get: Any) -> dict[str, Any]:
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            "n_embd": get("embedding_length"), "n_layer": get("block_count"),
+            "n_head": get("attention.head_count"), "n_inner": get("feed_forward_length"),
+            "n_positions": get("context_length"),
+            "layer_norm_epsilon": get("attention.layer_norm_epsilon", 1e-5),
+            "activation_function": "gelu_new"}
+
+
+def from_gguf(t: dict[str, np.ndarray], args: ModelArgs, arch: str) -> dict[str, np.ndarray]:
     d = args.hidden_size
     split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", d), ("self_attn.k_proj", d),
                                           ("self_attn.v_proj", d)], args.num_hidden_layers)

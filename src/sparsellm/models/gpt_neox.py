@@ -10,7 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from .convert import activation, common_args, group_rows, rename, rope_settings, split_fused
+from .convert import (
+    activation,
+    common_args,
+    gguf_rope,
+    gguf_tensor_names,
+    group_rows,
+    rename,
+    rope_settings,
+    split_fused,
+)
 from .decoder import ModelArgs
 
 
@@ -59,7 +68,31 @@ def from_hf(raw: dict[str, np.ndarray], args: ModelArgs) -> dict[str, np.ndarray
 
 def split_qkv_per_head(t: dict[str, np.ndarray], args: ModelArgs) -> None:
     """query_key_value rows are per head [q | k | v] (heads, 3, head_dim)."""
-    n, d = args.num_hidden_layers, args.hidden_size
-    group_rows(t, "self_attn.qkv_proj", args.num_attention_heads, 3, n)
+    group_rows(t, "self_attn.qkv_proj", args.num_attention_heads, 3, args.num_hidden_layers)
+    _split_qkv(t, args)
+
+
+def _split_qkv(t: dict[str, np.ndarray], args: ModelArgs) -> None:
+    d = args.hidden_size
     split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", d), ("self_attn.k_proj", d),
-                                          ("self_attn.v_proj", d)], n)
+                                          ("self_attn.v_proj", d)], args.num_hidden_layers)
+
+
+# ---- GGUF (llama.cpp arch "gptneox": qkv already regrouped to [all q; all k; all v]) -------
+GGUF_TENSOR_NAMES = gguf_tensor_names()
+
+
+def gguf_config(arch: str, get: Any) -> dict[str, Any]:
+    hidden, heads = get("embedding_length"), get("attention.head_count")
+    return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
+            "hidden_size": hidden, "num_hidden_layers": get("block_count"),
+            "num_attention_heads": heads, "intermediate_size": get("feed_forward_length"),
+            "max_position_embeddings": get("context_length"),
+            "layer_norm_eps": get("attention.layer_norm_epsilon", 1e-5),
+            "use_parallel_residual": bool(get("use_parallel_residual", True)),
+            "rope_parameters": gguf_rope(get, hidden // heads), "hidden_act": "gelu"}
+
+
+def from_gguf(t: dict[str, np.ndarray], args: ModelArgs, arch: str) -> dict[str, np.ndarray]:
+    _split_qkv(t, args)
+    return t

@@ -11,7 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from .convert import activation, common_args, refuse, rename, rope_settings, split_fused
+from .convert import (
+    UnsupportedConfigError,
+    activation,
+    common_args,
+    gguf_rope,
+    gguf_tensor_names,
+    refuse,
+    rename,
+    rope_settings,
+    split_fused,
+)
 from .decoder import ModelArgs
 
 _SIZES = dict(hidden_size="hidden_size", intermediate_size="intermediate_size",
@@ -92,3 +102,48 @@ def split_phi3_fused(t: dict[str, np.ndarray], args: ModelArgs) -> None:
                                           ("self_attn.v_proj", kv)], n)
     i = args.intermediate_size
     split_fused(t, "mlp.gate_up_proj", [("mlp.gate_proj", i), ("mlp.up_proj", i)], n)
+
+
+# ---- GGUF (llama.cpp archs "phi2" and "phi3"; both use half-split ("neox") RoPE) -----------
+def _gguf_sizes(get: Any) -> dict[str, Any]:
+    heads = get("attention.head_count")
+    return {"hidden_size": get("embedding_length"), "num_hidden_layers": get("block_count"),
+            "num_attention_heads": heads,
+            "num_key_value_heads": get("attention.head_count_kv", heads),
+            "intermediate_size": get("feed_forward_length"),
+            "max_position_embeddings": get("context_length"),
+            "rope_parameters": gguf_rope(get, get("embedding_length") // heads)}
+
+
+def phi2_gguf_config(arch: str, get: Any) -> dict[str, Any]:
+    return {"architectures": ["PhiForCausalLM"], "model_type": "phi", **_gguf_sizes(get),
+            "layer_norm_eps": get("attention.layer_norm_epsilon", 1e-5),
+            "hidden_act": "gelu_new"}
+
+
+def phi2_from_gguf(t: dict[str, np.ndarray], args: ModelArgs, arch: str) -> dict[str, np.ndarray]:
+    hd = args.head_dim  # older conversions store a fused attn_qkv
+    q, kv = args.num_attention_heads * hd, args.num_key_value_heads * hd
+    split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", q), ("self_attn.k_proj", kv),
+                                          ("self_attn.v_proj", kv)], args.num_hidden_layers)
+    return t
+
+
+def phi3_gguf_config(arch: str, get: Any) -> dict[str, Any]:
+    return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", **_gguf_sizes(get),
+            "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-5),
+            "sliding_window": get("attention.sliding_window") or None, "hidden_act": "silu"}
+
+
+def phi3_from_gguf(t: dict[str, np.ndarray], args: ModelArgs, arch: str) -> dict[str, np.ndarray]:
+    if "rope_factors_long.weight" in t:
+        raise UnsupportedConfigError("Phi-3 long-context RoPE (GGUF rope_factors_long, "
+                                     "rope_scaling longrope) is not supported by sparsellm")
+    split_phi3_fused(t, args)
+    return t
+
+
+PHI2_GGUF_TENSOR_NAMES = gguf_tensor_names()
+PHI3_GGUF_TENSOR_NAMES = {**gguf_tensor_names(ffn_up="mlp.gate_up_proj"),
+                          "rope_factors_long.weight": "rope_factors_long.weight",
+                          "rope_factors_short.weight": "rope_factors_short.weight"}
