@@ -144,6 +144,12 @@ def test_unsupported_config_variants_are_refused(variant, key, value, message, t
         ck.architecture.model_args({**ck.config, key: value})
 
 
+def test_sequence_length_beyond_learned_positions_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="longer than the 512 positions this model learned"):
+        Engine(tiny_model_dir("gpt2"), sequence_length=513)
+    Engine(tiny_model_dir("gpt2"), sequence_length=512)
+
+
 def test_phi3_longrope_is_refused(tiny_model_dir):
     ck = load_checkpoint(tiny_model_dir("phi3"))
     ck.config = {**ck.config, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4,
@@ -151,3 +157,41 @@ def test_phi3_longrope_is_refused(tiny_model_dir):
                                                   "long_factor": [1.0] * 8}}
     with pytest.raises(ValueError, match="unsupported rope_scaling type 'longrope'"):
         Engine(ck, sequence_length=16)
+
+
+def _copy_with(folder, tmp_path, config_update=None, tensors_update=None, drop=()):
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    out = tmp_path / "copy"
+    shutil.copytree(folder, out)
+    if config_update:
+        config = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**config, **config_update}))
+    tensors = {k: v for k, v in load_file(out / "model.safetensors").items() if k not in drop}
+    save_file({**tensors, **(tensors_update or {})}, out / "model.safetensors")
+    return out
+
+
+def test_unknown_and_missing_tensors_are_clear_errors(tiny_model_dir, tmp_path):
+    src = tiny_model_dir("phi2")
+    extra = _copy_with(src, tmp_path / "a", tensors_update={
+        "model.layers.0.self_attn.q_layernorm.weight": np.ones(16, np.float32)})
+    with pytest.raises(ValueError, match=r"unexpected tensors for this architecture: "
+                                         r"\['model.layers.0.self_attn.q_layernorm.weight'\]"):
+        load_checkpoint(extra)
+    missing = _copy_with(src, tmp_path / "b", drop=("model.layers.1.mlp.fc2.bias",))
+    with pytest.raises(ValueError,
+                       match=r"missing tensors \['model.layers.1.mlp.down_proj.bias'\]"):
+        load_checkpoint(missing)
+
+
+def test_third_party_compressed_checkpoints_of_other_architectures_are_refused(
+        tiny_model_dir, tmp_path):
+    folder = _copy_with(tiny_model_dir("opt"), tmp_path, config_update={"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {}}})
+    with pytest.raises(ValueError, match="compressed-tensors checkpoints of OPTForCausalLM are "
+                                         "supported as sparsellm writes them"):
+        load_checkpoint(folder)

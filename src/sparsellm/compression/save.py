@@ -176,7 +176,7 @@ def write_tokenizer(source: Checkpoint, folder: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": tok.bos_token, "eos_token": tok.eos_token,
         "pad_token": tok.pad_token, "unk_token": tok.unk_token,
-        "model_max_length": source.config.get("max_position_embeddings", 2048),
+        "model_max_length": source.args.max_position_embeddings,
         "clean_up_tokenization_spaces": False,
     }
     if tok.chat_template:

@@ -60,6 +60,12 @@ class Engine:
                              "max_sequences must be positive")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; accepted: {', '.join(BACKENDS)}")
+        positions = self.checkpoint.tensors.get("model.embed_positions.weight")
+        if self.args.learned_positions and positions is not None and \
+                sequence_length > positions.shape[0]:
+            raise ValueError(f"sequence_length {sequence_length} is longer than the "
+                             f"{positions.shape[0]} positions this model learned; pass "
+                             f"sequence_length <= {positions.shape[0]}")
         self.sequence_length = sequence_length
         self.prompt_chunk = prompt_processing_sequence_length
         self.num_cores = num_cores
