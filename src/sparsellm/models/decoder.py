@@ -123,11 +123,6 @@ def linear_weight_names(args: ModelArgs) -> list[str]:
             if n.endswith("proj.weight")] + ["lm_head.weight"]
 
 
-def linear_modules(args: ModelArgs, i: int) -> list[str]:
-    """Layer i's linear modules in execution order (compression targets)."""
-    return [n[: -len(".weight")] for n in layer_weight_names(args, i) if n.endswith("proj.weight")]
-
-
 # ---- ops ----------------------------------------------------------------------------------------
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x: (T, D) -> (T, D); computed in fp32."""
