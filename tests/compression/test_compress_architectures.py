@@ -46,7 +46,8 @@ def test_sparsegpt_int8_compress_load_generate(variant, tiny_model_dir, calib_te
     b = numpy_.prefill(numpy_.add_sequence(), ids, all_logits=True)
     np.testing.assert_allclose(a, b, atol=0.05 * np.abs(b).max(), rtol=0)  # int8 activations
 
-    pipe = Pipeline.create(model_path=str(out), max_generated_tokens=8, batch_size=1)
+    pipe = Pipeline.create(model_path=str(out), sequence_length=128, max_generated_tokens=8,
+                           batch_size=1)
     gen = pipe("def add(").generations[0]
     assert len(gen.token_ids) >= 1
 
