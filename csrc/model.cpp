@@ -1,4 +1,6 @@
-// NativeModel forward: the math of sparsellm.models.llama.LlamaModel.forward, one call per step.
+// NativeModel forward: the math of sparsellm.models.decoder.DecoderModel.forward, one call per
+// step. The spec flags select branches once per layer (never per element), so the Llama path
+// does the same work as before they existed.
 #include "model.h"
 
 #include <algorithm>
@@ -11,15 +13,17 @@
 
 namespace sl {
 
-NativeModel::NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, const float* embed,
-                         const float* final_norm, Weight lm_head)
-    : cfg_(std::move(cfg)), layers_(std::move(layers)), embed_(embed), final_norm_(final_norm),
-      lm_head_(lm_head) {
+NativeModel::NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, OuterWeights outer)
+    : cfg_(std::move(cfg)), layers_(std::move(layers)), outer_(outer) {
   const ModelConfig& c = cfg_;
   if (c.heads % c.kv_heads) throw std::invalid_argument("heads must be a multiple of kv_heads");
   if (int64_t(layers_.size()) != c.layers) throw std::invalid_argument("layer count mismatch");
-  if (int64_t(c.inv_freq.size()) != c.head_dim / 2)
-    throw std::invalid_argument("inv_freq must have head_dim/2 entries");
+  if (c.rotary_dim % 2 || c.rotary_dim < 0 || c.rotary_dim > c.head_dim)
+    throw std::invalid_argument("rotary_dim must be even and in [0, head_dim]");
+  if (int64_t(c.inv_freq.size()) != c.rotary_dim / 2)
+    throw std::invalid_argument("inv_freq must have rotary_dim/2 entries");
+  if ((c.max_positions > 0) != (outer_.pos_embed != nullptr))
+    throw std::invalid_argument("learned positions need both max_positions and pos_embed");
   const int64_t M = c.max_tokens, D = c.hidden, qd = c.heads * c.head_dim,
                 kvd = c.kv_heads * c.head_dim;
   x_.resize(M * D);
@@ -29,12 +33,13 @@ NativeModel::NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, cons
   v_.resize(M * kvd);
   att_.resize(M * qd);
   proj_.resize(M * D);
-  gate_.resize(M * c.intermediate);
+  if (c.residual != Residual::Sequential) par_.resize(M * D);
+  if (c.gated) gate_.resize(M * c.intermediate);
   up_.resize(M * c.intermediate);
-  cos_.resize(M * c.head_dim / 2);
-  sin_.resize(M * c.head_dim / 2);
+  cos_.resize(M * c.rotary_dim / 2);
+  sin_.resize(M * c.rotary_dim / 2);
   // Size linear()'s scratch for the widest input of any projection (incl. lm_head).
-  int64_t kp = lm_head_.kp;
+  int64_t kp = outer_.lm_head.kp;
   for (const LayerWeights& l : layers_)
     for (const Weight* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
       kp = std::max(kp, w->kp);
@@ -46,19 +51,24 @@ static void add_bias(float* y, const float* b, int64_t T, int64_t n) {
   for (int64_t t = 0; t < T; ++t) add_inplace(y + t * n, b, n);
 }
 
+void NativeModel::norm(const float* x, const float* w, const float* b, float* out, int64_t T) {
+  if (cfg_.layer_norm) layer_norm(x, w, b, out, T, cfg_.hidden, cfg_.eps);
+  else rms_norm(x, w, out, T, cfg_.hidden, cfg_.eps);
+}
+
 void NativeModel::attention_block(const LayerWeights& w, int64_t layer, const int64_t* slots,
-                                  const int64_t* positions, int64_t T, const KVCache& cache) {
+                                  const int64_t* positions, int64_t T, const KVCache& cache,
+                                  float* out) {
   const ModelConfig& c = cfg_;
   const int64_t D = c.hidden, H = c.heads, KV = c.kv_heads, hd = c.head_dim;
-  rms_norm(x_.data(), w.attn_norm, h_.data(), T, D, c.eps);
   const Weight* qkv[3] = {&w.q, &w.k, &w.v};
   float* qkv_out[3] = {q_.data(), k_.data(), v_.data()};
   linear_multi(qkv, qkv_out, 3, h_.data(), T, D, lin_);
   add_bias(q_.data(), w.bq, T, H * hd);
   add_bias(k_.data(), w.bk, T, KV * hd);
   add_bias(v_.data(), w.bv, T, KV * hd);
-  apply_rope(q_.data(), T, H, hd, H * hd, cos_.data(), sin_.data());
-  apply_rope(k_.data(), T, KV, hd, KV * hd, cos_.data(), sin_.data());
+  apply_rope(q_.data(), T, H, hd, c.rotary_dim, H * hd, cos_.data(), sin_.data());
+  apply_rope(k_.data(), T, KV, hd, c.rotary_dim, KV * hd, cos_.data(), sin_.data());
 
   // Append this step's keys/values: cache[layer, slot, kvh, pos, :] (layout (L, S, KV, cap, hd)).
   const int64_t layer_stride = cache.slots * KV * cache.capacity * hd;
@@ -73,21 +83,34 @@ void NativeModel::attention_block(const LayerWeights& w, int64_t layer, const in
 
   const AttnShape s{T, H, KV, hd, cache.capacity, 1.0f / std::sqrt(float(hd)), c.sliding_window};
   attention(q_.data(), H * hd, kc, vc, slots, positions, s, att_.data(), H * hd, scores_);
-  linear(w.o, att_.data(), T, H * hd, proj_.data(), D, lin_);
-  add_bias(proj_.data(), w.bo, T, D);
-  add_inplace(x_.data(), proj_.data(), T * D);
+  linear(w.o, att_.data(), T, H * hd, out, D, lin_);
+  add_bias(out, w.bo, T, D);
 }
 
-void NativeModel::mlp_block(const LayerWeights& w, int64_t T) {
+void NativeModel::mlp_block(const LayerWeights& w, int64_t T, float* out) {
   const ModelConfig& c = cfg_;
   const int64_t D = c.hidden, I = c.intermediate;
-  rms_norm(x_.data(), w.mlp_norm, h_.data(), T, D, c.eps);
-  const Weight* gu[2] = {&w.gate, &w.up};
-  float* gu_out[2] = {gate_.data(), up_.data()};
-  linear_multi(gu, gu_out, 2, h_.data(), T, D, lin_);
-  swiglu(gate_.data(), up_.data(), gate_.data(), T * I);
-  linear(w.down, gate_.data(), T, I, proj_.data(), D, lin_);
-  add_inplace(x_.data(), proj_.data(), T * D);
+  float* act = up_.data();
+  if (c.gated) {
+    const Weight* gu[2] = {&w.gate, &w.up};
+    float* gu_out[2] = {gate_.data(), up_.data()};
+    linear_multi(gu, gu_out, 2, h_.data(), T, D, lin_);
+    add_bias(gate_.data(), w.bgate, T, I);
+    add_bias(up_.data(), w.bup, T, I);
+    if (c.act == Activation::Silu) {
+      swiglu(gate_.data(), up_.data(), gate_.data(), T * I);
+    } else {
+      activation(gate_.data(), T * I, c.act);
+      for (int64_t i = 0; i < T * I; ++i) gate_[i] *= up_[i];
+    }
+    act = gate_.data();
+  } else {
+    linear(w.up, h_.data(), T, D, up_.data(), I, lin_);
+    add_bias(up_.data(), w.bup, T, I);
+    activation(up_.data(), T * I, c.act);
+  }
+  linear(w.down, act, T, I, out, D, lin_);
+  add_bias(out, w.bdown, T, D);
 }
 
 void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int64_t* positions,
@@ -106,24 +129,47 @@ void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int
     if (positions[t] < 0 || positions[t] >= cache.capacity)
       throw std::out_of_range("forward: position " + std::to_string(positions[t]) +
                               " beyond the cache capacity " + std::to_string(cache.capacity));
+    if (c.max_positions && positions[t] >= c.max_positions)
+      throw std::out_of_range("forward: position " + std::to_string(positions[t]) +
+                              " beyond the " + std::to_string(c.max_positions) +
+                              " learned positions");
   }
   for (int64_t i = 0; i < R; ++i)
     if (logit_rows[i] < 0 || logit_rows[i] >= T) throw std::out_of_range("forward: logit row");
 
   const int64_t D = c.hidden;
-  for (int64_t t = 0; t < T; ++t)
-    std::memcpy(x_.data() + t * D, embed_ + tokens[t] * D, D * sizeof(float));
-  rope_tables(positions, T, c.inv_freq.data(), c.head_dim / 2, cos_.data(), sin_.data());
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(x_.data() + t * D, outer_.embed + tokens[t] * D, D * sizeof(float));
+    if (outer_.pos_embed) add_inplace(x_.data() + t * D, outer_.pos_embed + positions[t] * D, D);
+  }
+  rope_tables(positions, T, c.inv_freq.data(), c.rotary_dim / 2, cos_.data(), sin_.data());
   for (int64_t l = 0; l < c.layers; ++l) {
-    attention_block(layers_[l], l, slots, positions, T, cache);
-    mlp_block(layers_[l], T);
+    const LayerWeights& w = layers_[l];
+    norm(x_.data(), w.attn_norm, w.attn_norm_b, h_.data(), T);
+    if (c.residual == Residual::Sequential) {
+      attention_block(w, l, slots, positions, T, cache, proj_.data());
+      add_inplace(x_.data(), proj_.data(), T * D);
+      norm(x_.data(), w.mlp_norm, w.mlp_norm_b, h_.data(), T);
+      mlp_block(w, T, proj_.data());
+      add_inplace(x_.data(), proj_.data(), T * D);
+    } else {
+      attention_block(w, l, slots, positions, T, cache, par_.data());
+      if (c.residual == Residual::ParallelTwoNorms)
+        norm(x_.data(), w.mlp_norm, w.mlp_norm_b, h_.data(), T);
+      mlp_block(w, T, proj_.data());  // reads h_: the shared norm's output, or the second norm
+      add_inplace(x_.data(), par_.data(), T * D);
+      add_inplace(x_.data(), proj_.data(), T * D);
+    }
   }
   // Final norm and lm_head only for the rows whose logits are wanted (usually the last token
   // of each sequence): h_[i] = norm(x_[logit_rows[i]]).
   for (int64_t i = 0; i < R; ++i)
     std::memcpy(proj_.data() + i * D, x_.data() + logit_rows[i] * D, D * sizeof(float));
-  rms_norm(proj_.data(), final_norm_, h_.data(), R, D, c.eps);
-  if (R > 0) linear(lm_head_, h_.data(), R, D, out_logits, c.vocab, lin_);
+  norm(proj_.data(), outer_.final_norm, outer_.final_norm_b, h_.data(), R);
+  if (R > 0) {
+    linear(outer_.lm_head, h_.data(), R, D, out_logits, c.vocab, lin_);
+    add_bias(out_logits, outer_.lm_head_b, R, c.vocab);
+  }
 }
 
 }  // namespace sl

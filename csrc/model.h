@@ -1,16 +1,23 @@
-// NativeModel: a whole Llama-family forward (embedding -> layers -> final norm -> lm_head) in
-// one native call, over a flat batch of T tokens from any number of sequences (twin of
-// sparsellm.models.llama.LlamaModel.forward). Weights are non-owning views (the Python wrapper
-// keeps the packed buffers alive); run-state buffers are allocated once for max_tokens, so a
-// forward call allocates nothing.
+// NativeModel: the whole decoder forward (embedding -> layers -> final norm -> lm_head) in one
+// native call, over a flat batch of T tokens from any number of sequences (twin of
+// sparsellm.models.decoder.DecoderModel.forward, with the same spec flags). Weights are
+// non-owning views (the Python wrapper keeps the packed buffers alive); run-state buffers are
+// allocated once for max_tokens, so a forward call allocates nothing.
 #pragma once
 
 #include <vector>
 
 #include "common.h"
 #include "linear.h"
+#include "ops.h"
 
 namespace sl {
+
+enum class Residual : int {
+  Sequential = 0,        // x += attn(n1(x)); x += mlp(n2(x))
+  Parallel = 1,          // x += attn(n1(x)) + mlp(n1(x))   (one shared norm)
+  ParallelTwoNorms = 2,  // x += attn(n1(x)) + mlp(n2(x))
+};
 
 struct ModelConfig {
   int64_t hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
@@ -18,14 +25,22 @@ struct ModelConfig {
   float eps = 1e-6f;
   int64_t sliding_window = 0;  // 0: full causal attention
   int64_t max_tokens = 0;      // largest T of one forward call (buffers are sized for it)
-  std::vector<double> inv_freq;  // (head_dim/2,) RoPE inverse frequencies
+  int64_t rotary_dim = 0;      // half-split RoPE on the first rotary_dim dims of each head
+  std::vector<double> inv_freq;  // (rotary_dim/2,) RoPE inverse frequencies
+  bool layer_norm = false;     // LayerNorm (+ optional bias) instead of RMSNorm
+  Residual residual = Residual::Sequential;
+  bool gated = true;           // down(act(gate(h)) * up(h)) vs down(act(up(h)))
+  Activation act = Activation::Silu;
+  int64_t max_positions = 0;   // rows of the learned position table (0: no learned positions)
 };
 
 struct LayerWeights {
-  Weight q, k, v, o, gate, up, down;
+  Weight q, k, v, o, gate, up, down;  // gate unused (empty) when !gated
   const float* attn_norm = nullptr;  // (hidden,)
-  const float* mlp_norm = nullptr;   // (hidden,)
+  const float* mlp_norm = nullptr;   // (hidden,); null with a shared norm
+  const float *attn_norm_b = nullptr, *mlp_norm_b = nullptr;  // LayerNorm biases (optional)
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;  // optional biases
+  const float *bgate = nullptr, *bup = nullptr, *bdown = nullptr;
 };
 
 // KV cache views: (layers, slots, kv_heads, capacity, head_dim) fp32, written in place.
@@ -35,10 +50,19 @@ struct KVCache {
   int64_t slots = 0, capacity = 0;
 };
 
+// Non-layer weights: token (and learned position) embeddings, final norm, lm_head.
+struct OuterWeights {
+  const float* embed = nullptr;       // (vocab, hidden)
+  const float* pos_embed = nullptr;   // (max_positions, hidden) or null
+  const float* final_norm = nullptr;  // (hidden,)
+  const float* final_norm_b = nullptr;  // (hidden,) or null
+  Weight lm_head;                     // (vocab, hidden)
+  const float* lm_head_b = nullptr;   // (vocab,) or null
+};
+
 class NativeModel {
  public:
-  NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, const float* embed,
-              const float* final_norm, Weight lm_head);
+  NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, OuterWeights outer);
 
   // tokens, slots, positions: (T,); logit_rows: (R,) indices into the T tokens;
   // out_logits: (R, vocab). Throws std::out_of_range on bad ids / positions / slots.
@@ -48,28 +72,30 @@ class NativeModel {
   const ModelConfig& config() const { return cfg_; }
 
  private:
+  void norm(const float* x, const float* w, const float* b, float* out, int64_t T);
+  // h_ (normed input) -> out (T, hidden): qkv, RoPE, cache append, attention, o_proj.
   void attention_block(const LayerWeights& w, int64_t layer, const int64_t* slots,
-                       const int64_t* positions, int64_t T, const KVCache& cache);
-  void mlp_block(const LayerWeights& w, int64_t T);
+                       const int64_t* positions, int64_t T, const KVCache& cache, float* out);
+  // h_ -> out (T, hidden)
+  void mlp_block(const LayerWeights& w, int64_t T, float* out);
 
   ModelConfig cfg_;
   std::vector<LayerWeights> layers_;
-  const float* embed_;       // (vocab, hidden)
-  const float* final_norm_;  // (hidden,)
-  Weight lm_head_;           // (vocab, hidden)
+  OuterWeights outer_;
 
   // Run-state buffers, sized once in the constructor (M = max_tokens).
   std::vector<float> x_;     // (M, hidden)        residual stream
-  std::vector<float> h_;     // (M, hidden)        RMS-normed input of the projections
+  std::vector<float> h_;     // (M, hidden)        normed input of the projections
   std::vector<float> q_;     // (M, heads * hd)    queries (RoPE applied in place)
   std::vector<float> k_;     // (M, kv_heads * hd) new keys before they go to the cache
   std::vector<float> v_;     // (M, kv_heads * hd) new values
   std::vector<float> att_;   // (M, heads * hd)    attention output
   std::vector<float> proj_;  // (M, hidden)        o_proj / down_proj output
-  std::vector<float> gate_;  // (M, intermediate)  gate_proj, then silu(gate) * up
+  std::vector<float> par_;   // (M, hidden)        o_proj output kept for a parallel residual
+  std::vector<float> gate_;  // (M, intermediate)  gate_proj, then act(gate) * up
   std::vector<float> up_;    // (M, intermediate)  up_proj
-  std::vector<float> cos_;   // (M, hd / 2)        RoPE tables for this call's positions
-  std::vector<float> sin_;   // (M, hd / 2)
+  std::vector<float> cos_;   // (M, rot / 2)       RoPE tables for this call's positions
+  std::vector<float> sin_;   // (M, rot / 2)
   std::vector<float> scores_;  // (threads, capacity) attention scores (grown on first use)
   LinearScratch lin_;          // activations padding / quantization / decoded panels
 };

@@ -99,8 +99,20 @@ const Weight& weight_of(const py::dict& d, const char* key, int64_t rows, int64_
   return p.w;
 }
 
+const float* arr_of(py::object o, int64_t n, const char* name, py::list& keep) {
+  if (o.is_none()) return nullptr;
+  py::array a = o.cast<py::array>();
+  if (a.size() != n) throw std::invalid_argument(std::string(name) + ": wrong length");
+  keep.append(a);
+  return ptr_of<float>(a, name);
+}
+
+// config: the decoder spec (see model.h ModelConfig); layers: one dict per layer of packed
+// weights ("q", "k", "v", "o", "gate" (gated MLPs), "up", "down") and fp32 vectors (norms and
+// biases, None when absent).
 PyModel make_model(const py::dict& cfg, const py::list& layers, py::array embed,
-                   py::array final_norm, py::object lm_head) {
+                   py::object pos_embed, py::array final_norm, py::object final_norm_b,
+                   py::object lm_head, py::object lm_head_b) {
   ModelConfig c;
   c.hidden = cfg["hidden"].cast<int64_t>();
   c.intermediate = cfg["intermediate"].cast<int64_t>();
@@ -111,7 +123,16 @@ PyModel make_model(const py::dict& cfg, const py::list& layers, py::array embed,
   c.eps = cfg["eps"].cast<float>();
   c.sliding_window = cfg["sliding_window"].cast<int64_t>();
   c.max_tokens = cfg["max_tokens"].cast<int64_t>();
+  c.rotary_dim = cfg["rotary_dim"].cast<int64_t>();
   c.inv_freq = cfg["inv_freq"].cast<std::vector<double>>();
+  c.layer_norm = cfg["layer_norm"].cast<bool>();
+  const int residual = cfg["residual"].cast<int>(), act = cfg["act"].cast<int>();
+  if (residual < 0 || residual > 2) throw std::invalid_argument("residual must be 0, 1 or 2");
+  if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
+  c.residual = Residual(residual);
+  c.act = Activation(act);
+  c.gated = cfg["gated"].cast<bool>();
+  c.max_positions = cfg["max_positions"].cast<int64_t>();
   c.layers = int64_t(layers.size());
   PyModel pm;
   const int64_t D = c.hidden, I = c.intermediate, qd = c.heads * c.head_dim,
@@ -124,16 +145,22 @@ PyModel make_model(const py::dict& cfg, const py::list& layers, py::array embed,
     l.k = weight_of(d, "k", kvd, D, pm.keep);
     l.v = weight_of(d, "v", kvd, D, pm.keep);
     l.o = weight_of(d, "o", D, qd, pm.keep);
-    l.gate = weight_of(d, "gate", I, D, pm.keep);
+    if (c.gated) l.gate = weight_of(d, "gate", I, D, pm.keep);
     l.up = weight_of(d, "up", I, D, pm.keep);
     l.down = weight_of(d, "down", D, I, pm.keep);
     l.attn_norm = vec_of(d, "attn_norm", D, pm.keep);
     l.mlp_norm = vec_of(d, "mlp_norm", D, pm.keep);
-    if (!l.attn_norm || !l.mlp_norm) throw std::invalid_argument("layer norms missing");
+    l.attn_norm_b = vec_of(d, "attn_norm_b", D, pm.keep);
+    l.mlp_norm_b = vec_of(d, "mlp_norm_b", D, pm.keep);
+    if (!l.attn_norm || (c.residual != Residual::Parallel && !l.mlp_norm))
+      throw std::invalid_argument("layer norms missing");
     l.bq = vec_of(d, "bq", qd, pm.keep);
     l.bk = vec_of(d, "bk", kvd, pm.keep);
     l.bv = vec_of(d, "bv", kvd, pm.keep);
     l.bo = vec_of(d, "bo", D, pm.keep);
+    l.bgate = vec_of(d, "bgate", I, pm.keep);
+    l.bup = vec_of(d, "bup", I, pm.keep);
+    l.bdown = vec_of(d, "bdown", D, pm.keep);
     lw.push_back(l);
   }
   if (embed.ndim() != 2 || embed.shape(0) != c.vocab || embed.shape(1) != D)
@@ -142,12 +169,17 @@ PyModel make_model(const py::dict& cfg, const py::list& layers, py::array embed,
   const PyWeight& head = lm_head.cast<const PyWeight&>();
   if (head.w.rows != c.vocab || head.w.cols != D)
     throw std::invalid_argument("lm_head must be (vocab, hidden)");
-  const float* e = ptr_of<float>(embed, "embed");
-  const float* fn = ptr_of<float>(final_norm, "final_norm");
+  OuterWeights o;
+  o.embed = ptr_of<float>(embed, "embed");
+  o.pos_embed = arr_of(pos_embed, c.max_positions * D, "pos_embed", pm.keep);
+  o.final_norm = ptr_of<float>(final_norm, "final_norm");
+  o.final_norm_b = arr_of(final_norm_b, D, "final_norm_b", pm.keep);
+  o.lm_head = head.w;
+  o.lm_head_b = arr_of(lm_head_b, c.vocab, "lm_head_b", pm.keep);
   pm.keep.append(embed);
   pm.keep.append(final_norm);
   pm.keep.append(lm_head);
-  pm.model = std::make_unique<NativeModel>(std::move(c), std::move(lw), e, fn, head.w);
+  pm.model = std::make_unique<NativeModel>(std::move(c), std::move(lw), o);
   return pm;
 }
 
@@ -234,7 +266,8 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<PyModel>(m, "NativeModel")
       .def(py::init(&make_model), py::arg("config"), py::arg("layers"), py::arg("embed"),
-           py::arg("final_norm"), py::arg("lm_head"))
+           py::arg("pos_embed"), py::arg("final_norm"), py::arg("final_norm_b"),
+           py::arg("lm_head"), py::arg("lm_head_b"))
       .def(
           "forward",
           [](PyModel& pm, py::array tokens, py::array slots, py::array positions,
@@ -282,18 +315,45 @@ PYBIND11_MODULE(_native, m) {
       "rope_",
       [](py::array x, py::array positions, py::array inv_freq) {
         if (x.ndim() != 3) throw std::invalid_argument("rope_: x must be (T, heads, head_dim)");
-        const int64_t T = x.shape(0), H = x.shape(1), hd = x.shape(2), half = hd / 2;
-        if (positions.size() != T || inv_freq.size() != half)
-          throw std::invalid_argument("rope_: positions (T,) and inv_freq (head_dim/2,) expected");
+        // inv_freq (rot/2,) sets how many leading dims of each head rotate (partial RoPE).
+        const int64_t T = x.shape(0), H = x.shape(1), hd = x.shape(2), half = inv_freq.size();
+        if (positions.size() != T || 2 * half > hd)
+          throw std::invalid_argument("rope_: positions (T,) and inv_freq (<= head_dim/2,) expected");
         float* xp = ptr_of<float>(x, "x");
         const int64_t* pp = ptr_of<int64_t>(positions, "positions");
         const double* fp = ptr_of<double>(inv_freq, "inv_freq");
         py::gil_scoped_release nogil;
         std::vector<float> cs(size_t(T * half)), sn(size_t(T * half));
         rope_tables(pp, T, fp, half, cs.data(), sn.data());
-        apply_rope(xp, T, H, hd, H * hd, cs.data(), sn.data());
+        apply_rope(xp, T, H, hd, 2 * half, H * hd, cs.data(), sn.data());
       },
-      py::arg("x"), py::arg("positions"), py::arg("inv_freq"), "Half-split RoPE in place");
+      py::arg("x"), py::arg("positions"), py::arg("inv_freq"),
+      "Half-split RoPE in place on the first 2 * len(inv_freq) dims of each head");
+
+  m.def(
+      "layer_norm",
+      [](py::array x, py::array w, py::object b, float eps, py::array out) {
+        const int64_t D = x.shape(x.ndim() - 1), T = x.size() / D;
+        if (w.size() != D || out.size() != x.size()) throw std::invalid_argument("layer_norm: shapes");
+        py::list keep;
+        const float* bp = arr_of(b, D, "bias", keep);
+        const float *xp = ptr_of<float>(x, "x"), *wp = ptr_of<float>(w, "weight");
+        float* op = ptr_of<float>(out, "out");
+        py::gil_scoped_release nogil;
+        layer_norm(xp, wp, bp, op, T, D, eps);
+      },
+      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"), py::arg("out"));
+
+  m.def(
+      "activation_",
+      [](py::array x, int act) {
+        if (act < 0 || act > 3) throw std::invalid_argument("activation_: act must be 0..3");
+        float* xp = ptr_of<float>(x, "x");
+        const int64_t n = x.size();
+        py::gil_scoped_release nogil;
+        activation(xp, n, Activation(act));
+      },
+      py::arg("x"), py::arg("act"), "In place: 0 silu, 1 gelu (tanh), 2 gelu (erf), 3 relu");
 
   m.def(
       "swiglu",

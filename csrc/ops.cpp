@@ -51,6 +51,49 @@ void rms_norm(const float* x, const float* w, float* out, int64_t T, int64_t D, 
   }
 }
 
+void layer_norm(const float* x, const float* w, const float* b, float* out, int64_t T, int64_t D,
+                float eps) {
+#pragma omp parallel for schedule(static) if (T > 16)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * D;
+    float* o = out + t * D;
+    double sum = 0.0;
+    for (int64_t i = 0; i < D; ++i) sum += xr[i];
+    const double mean = sum / double(D);
+    double ss = 0.0;
+    for (int64_t i = 0; i < D; ++i) ss += (xr[i] - mean) * (xr[i] - mean);
+    const float inv = 1.0f / std::sqrt(float(ss / double(D)) + eps);
+    const float m = float(mean);
+    for (int64_t i = 0; i < D; ++i) o[i] = (xr[i] - m) * inv * w[i] + (b ? b[i] : 0.f);
+  }
+}
+
+void activation(float* x, int64_t n, Activation act) {
+  constexpr int64_t kParallel = 1 << 15;  // parallel only when it pays (prefill)
+  constexpr float kSqrt2OverPi = 0.7978845608028654f, kInvSqrt2 = 0.7071067811865476f;
+  switch (act) {
+    case Activation::Silu:
+#pragma omp parallel for schedule(static) if (n > kParallel)
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
+      break;
+    case Activation::GeluTanh:
+#pragma omp parallel for schedule(static) if (n > kParallel)
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = x[i];
+        x[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+      }
+      break;
+    case Activation::Gelu:
+#pragma omp parallel for schedule(static) if (n > kParallel)
+      for (int64_t i = 0; i < n; ++i) x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
+      break;
+    case Activation::Relu:
+#pragma omp parallel for schedule(static) if (n > kParallel)
+      for (int64_t i = 0; i < n; ++i) x[i] = std::max(x[i], 0.0f);
+      break;
+  }
+}
+
 void rope_tables(const int64_t* pos, int64_t T, const double* inv_freq, int64_t half, float* cos,
                  float* sin) {
   for (int64_t t = 0; t < T; ++t)
@@ -61,10 +104,11 @@ void rope_tables(const int64_t* pos, int64_t T, const double* inv_freq, int64_t 
     }
 }
 
-void apply_rope(float* x, int64_t T, int64_t heads, int64_t hd, int64_t ldx, const float* cos,
-                const float* sin) {
+void apply_rope(float* x, int64_t T, int64_t heads, int64_t hd, int64_t rot, int64_t ldx,
+                const float* cos, const float* sin) {
   // Elementwise and short: the compiler vectorizes this loop in either ISA build.
-  const int64_t half = hd / 2;
+  const int64_t half = rot / 2;
+  if (half == 0) return;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < heads; ++h) {
       float* a = x + t * ldx + h * hd;

@@ -11,13 +11,24 @@ namespace sl {
 // out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w; x, out: (T, D) (may alias).
 void rms_norm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps);
 
+// out[t] = (x[t] - mean) / sqrt(var + eps) * w + b; x, out: (T, D) (may alias); b may be null.
+// Scalar (cheap next to the GEMVs); statistics accumulated in double like rms_norm.
+void layer_norm(const float* x, const float* w, const float* b, float* out, int64_t T, int64_t D,
+                float eps);
+
+// Elementwise activations of the plain (non-gated) MLPs, in place over n.
+enum class Activation : int { Silu = 0, GeluTanh = 1, Gelu = 2, Relu = 3 };
+void activation(float* x, int64_t n, Activation act);
+
 // cos/sin: (T, half) from angle = pos[t] * inv_freq[i], computed in double like the reference.
 void rope_tables(const int64_t* pos, int64_t T, const double* inv_freq, int64_t half, float* cos,
                  float* sin);
 
-// Half-split ("rotate_half") RoPE in place. x: T rows of `heads` x hd at row stride ldx.
-void apply_rope(float* x, int64_t T, int64_t heads, int64_t hd, int64_t ldx, const float* cos,
-                const float* sin);
+// Half-split ("rotate_half") RoPE in place on the first `rot` dims of each head (pairs
+// (i, i + rot/2); the other hd - rot dims pass through). x: T rows of `heads` x hd at row
+// stride ldx; cos/sin: (T, rot/2).
+void apply_rope(float* x, int64_t T, int64_t heads, int64_t hd, int64_t rot, int64_t ldx,
+                const float* cos, const float* sin);
 
 // out = silu(g) * u, elementwise over n (out may alias g or u).
 void swiglu(const float* g, const float* u, float* out, int64_t n);

@@ -47,6 +47,28 @@ TINY_VARIANTS: dict[str, tuple[str, dict, dict, str]] = {
     "mistral": ("MistralConfig", {"sliding_window": 8}, {}, "float32"),
     "qwen2": ("Qwen2Config", {}, {}, "float32"),
     "qwen2_tied": ("Qwen2Config", {"tie_word_embeddings": True}, {}, "float32"),
+    # other architectures (issue #8, ARCH_VARIANTS): partial rotary, fused layouts, parallel
+    # residuals
+    "codegen": ("CodeGenConfig", {"rotary_dim": 8}, {}, "float32"),
+    "gpt2": ("GPT2Config", {}, {}, "float32"),
+    "gptj": ("GPTJConfig", {"rotary_dim": 8}, {}, "float32"),
+    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5}, {}, "float32"),
+    "gpt_neox_sequential": ("GPTNeoXConfig", {"rotary_pct": 0.25, "use_parallel_residual": False,
+                                              "hidden_act": "gelu_new"}, {}, "float32"),
+    "opt": ("OPTConfig", {}, {}, "float32"),
+    "phi2": ("PhiConfig", {"partial_rotary_factor": 0.5}, {}, "float32"),
+    "phi3": ("Phi3Config", {"pad_token_id": 0}, {}, "float32"),
+}
+_GPT_SIZES = dict(n_embd=64, n_layer=2, n_head=4, n_positions=512)
+# config classes whose size keys differ from TINY_SIZES
+CONFIG_SIZES = {
+    "CodeGenConfig": {**_GPT_SIZES, "n_ctx": 512},
+    "GPT2Config": _GPT_SIZES,
+    "GPTJConfig": _GPT_SIZES,
+    "GPTNeoXConfig": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=128, max_position_embeddings=512),
+    "OPTConfig": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+                      word_embed_proj_dim=64, max_position_embeddings=512),
 }
 
 
@@ -83,11 +105,11 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or ".ln_" in name:
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
             elif name.endswith("bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-            elif "embed" in name:
+            elif "embed" in name or name.endswith(("wte.weight", "wpe.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen))
             else:  # std 1/sqrt(fan_in) * 1.5: O(1) activations, peaky attention
                 p.copy_(1.5 * torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
@@ -96,8 +118,9 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
 def build_tiny_model(folder: Path, variant: str, tokenizer_folder: Path, vocab_size: int) -> None:
     cls_name, overrides, save_kwargs, dtype = TINY_VARIANTS[variant]
     config_cls = getattr(transformers, cls_name)
-    config = config_cls(**TINY_SIZES, vocab_size=vocab_size, max_position_embeddings=512,
-                        bos_token_id=0, eos_token_id=2, **overrides)
+    sizes = CONFIG_SIZES.get(cls_name, {**TINY_SIZES, "max_position_embeddings": 512})
+    config = config_cls(**sizes, vocab_size=vocab_size, bos_token_id=0, eos_token_id=2,
+                        **overrides)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, seed=sum(map(ord, variant)))
@@ -266,6 +289,22 @@ _HF_TO_GGUF = {
 }
 
 
+def _add_spm_vocab(w, tokens: list[str], scores: list[float], types: list[int],
+                   chat_template: str | None) -> None:
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    if chat_template:
+        w.add_chat_template(chat_template)
+
+
 def write_tiny_llama_gguf(path: Path, qtype: str = "F32", *, with_weights: bool = True,
                           arch: str = "llama", chat_template: str | None = CHAT_TEMPLATE,
                           ) -> torch.nn.Module:
@@ -290,18 +329,7 @@ def write_tiny_llama_gguf(path: Path, qtype: str = "F32", *, with_weights: bool 
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
     w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    if chat_template:
-        w.add_chat_template(chat_template)
+    _add_spm_vocab(w, tokens, scores, types, chat_template)
     quant = getattr(gguf.GGMLQuantizationType, qtype)
     if with_weights:
         for name, t in model.state_dict().items():
@@ -343,3 +371,100 @@ def tiny_gguf(tmp_path_factory) -> Callable[[str], tuple[Path, torch.nn.Module]]
 @pytest.fixture(scope="session")
 def gguf_writer():
     return write_tiny_llama_gguf
+
+
+# ---- tiny GGUF files of other architectures, written the way llama.cpp's converter does -------
+# variant -> (GGUF arch, config overrides: the converter writes phi2's feed_forward_length as
+# 4 * n_embd and head_count_kv = head_count; GGUF does not record GPT-NeoX's hidden_act, which
+# the loader takes to be the architecture's default, exact GELU)
+GGUF_ARCH_VARIANTS = {"gpt2": ("gpt2", {}), "gpt_neox": ("gptneox", {}),
+                      "gpt_neox_sequential": ("gptneox", {"hidden_act": "gelu"}),
+                      "phi2": ("phi2", {"intermediate_size": 256, "num_key_value_heads": 4}),
+                      "phi3": ("phi3", {})}
+
+
+def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
+    """A tiny random `variant` model as llama.cpp's convert_hf_to_gguf.py writes it (metadata
+    keys per architecture, gguf TensorNameMap names, GPT-2 Conv1D weights transposed, GPT-NeoX
+    qkv regrouped from per-head [q k v] to [all q; all k; all v]); returns the torch model."""
+    import gguf
+    from safetensors.torch import load_file
+
+    arch, extra = GGUF_ARCH_VARIANTS[variant]
+    cls_name, overrides, _, _ = TINY_VARIANTS[variant]
+    tokens, scores, types = build_spm_vocab()
+    sizes = CONFIG_SIZES.get(cls_name, {**TINY_SIZES, "max_position_embeddings": 512})
+    config = getattr(transformers, cls_name)(**{**sizes, **overrides, **extra},
+                                             vocab_size=len(tokens), bos_token_id=1,
+                                             eos_token_id=2)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    _randomize(model, seed=11)
+    hf_dir = path.parent / f"{path.stem}-hf"
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    hp = config.to_dict()
+    rope = hp.get("rope_parameters") or {}
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(config.num_hidden_layers)
+    if arch == "gpt2":
+        w.add_context_length(hp["n_positions"])
+        w.add_embedding_length(hp["n_embd"])
+        w.add_feed_forward_length(4 * hp["n_embd"])
+        w.add_head_count(hp["n_head"])
+        w.add_layer_norm_eps(hp["layer_norm_epsilon"])
+    elif arch == "gptneox":
+        head_dim = hp["hidden_size"] // hp["num_attention_heads"]
+        w.add_context_length(hp["max_position_embeddings"])
+        w.add_embedding_length(hp["hidden_size"])
+        w.add_feed_forward_length(hp["intermediate_size"])
+        w.add_rope_dimension_count(int(rope["partial_rotary_factor"] * head_dim))
+        w.add_head_count(hp["num_attention_heads"])
+        w.add_parallel_residual(hp.get("use_parallel_residual", True))
+        w.add_layer_norm_eps(hp["layer_norm_eps"])
+    else:  # phi2, phi3
+        n_embd, n_head = hp["hidden_size"], hp["num_attention_heads"]
+        w.add_context_length(hp["max_position_embeddings"])
+        w.add_embedding_length(n_embd)
+        w.add_head_count(n_head)
+        w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head)
+        if arch == "phi2":
+            w.add_feed_forward_length(4 * n_embd)
+            w.add_head_count_kv(n_head)
+            w.add_layer_norm_eps(hp["layer_norm_eps"])
+        else:
+            w.add_feed_forward_length(hp["intermediate_size"])
+            w.add_head_count_kv(hp["num_key_value_heads"])
+            w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+            w.add_rope_freq_base(rope["rope_theta"])
+            w.add_sliding_window(hp.get("sliding_window") or 0)
+    _add_spm_vocab(w, tokens, scores, types, None)
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()),
+                                     config.num_hidden_layers)
+    n_head = config.num_attention_heads
+    for name, t in load_file(hf_dir / "model.safetensors").items():
+        if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+            t = t.transpose(1, 0)
+        if arch == "gptneox" and ".query_key_value." in name:
+            t = t.reshape(n_head, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+        gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gname is not None, name
+        w.add_tensor(gname, np.ascontiguousarray(t.float().numpy()))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_arch_gguf(tmp_path_factory) -> Callable[[str], tuple[Path, torch.nn.Module]]:
+    """tiny_arch_gguf(variant) -> (path of a tiny GGUF of that architecture, its torch model)."""
+    built: dict[str, tuple[Path, torch.nn.Module]] = {}
+
+    def get(variant: str) -> tuple[Path, torch.nn.Module]:
+        if variant not in built:
+            path = tmp_path_factory.mktemp(f"gguf_{variant}") / f"tiny-{variant}.gguf"
+            built[variant] = (path, write_tiny_arch_gguf(path, variant))
+        return built[variant]
+
+    return get

@@ -79,7 +79,9 @@ def test_models_lists_registry_and_architectures():
     assert ("installed" in r.stdout) or ("missing" in r.stdout)
     r = sparsellm("models", "--architectures")
     assert r.returncode == 0
-    for name in ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "qwen2"]:
+    for name in ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "qwen2",
+                 "CodeGenForCausalLM", "GPT2LMHeadModel", "GPTJForCausalLM", "GPTNeoXForCausalLM",
+                 "OPTForCausalLM", "PhiForCausalLM", "Phi3ForCausalLM"]:
         assert name in r.stdout
 
 

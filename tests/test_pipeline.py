@@ -27,7 +27,7 @@ def hf_greedy(model, ids, n):
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("variant", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("variant", ["llama", "mistral", "qwen2", "codegen", "gpt_neox", "phi3"])
 def test_greedy_tokens_match_transformers_generate(variant, tiny_model_dir, hf_model):
     folder = tiny_model_dir(variant)
     p = Pipeline.create(model_path=str(folder), sequence_length=64, max_generated_tokens=24)

@@ -19,7 +19,7 @@ def _pruned_2_4(checkpoint):
     """A copy whose linear weights keep the 2 largest of every 4 (a valid 2:4 pattern)."""
     pruned = copy.copy(checkpoint)
     pruned.tensors = dict(checkpoint.tensors)
-    names = checkpoint.architecture.module.linear_weight_names(checkpoint.args)
+    names = checkpoint.linear_weight_names
     for name in names:
         if name == "lm_head.weight" and name not in checkpoint.tensors:
             continue

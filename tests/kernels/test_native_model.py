@@ -1,38 +1,64 @@
-"""NativeLlamaModel.forward == LlamaModel.forward (NumPy) on a tiny random Llama."""
+"""NativeDecoderModel.forward == DecoderModel.forward (NumPy) on tiny random models of every
+decoder spec (Llama; LayerNorm + parallel residual + plain GELU MLP; learned positions; ...)."""
 
 import numpy as np
 import pytest
 
 from sparsellm.kernels.formats import parse_format
-from sparsellm.kernels.native_model import NativeLlamaModel
-from sparsellm.models.llama import LlamaModel, ModelArgs, layer_weight_names, linear_weight_names
+from sparsellm.kernels.native_model import NativeDecoderModel
+from sparsellm.models.decoder import (
+    DecoderModel,
+    ModelArgs,
+    layer_weight_names,
+    linear_weight_names,
+)
 
 CONFIG = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=128, rms_norm_eps=1e-5, rope_theta=10000.0)
+              num_key_value_heads=2, vocab_size=128, norm_eps=1e-5, rope_theta=10000.0)
 SLOTS, CAPACITY = 3, 40
+ALL_BIASES = dict(qkv_bias=True, o_bias=True, mlp_bias=True, lm_head_bias=True)
+# decoder specs of the supported architectures (see sparsellm/models/architectures.py)
+SPECS = {
+    "llama": {},
+    "gptj": dict(norm="layer", residual="parallel", mlp="plain", activation="gelu_tanh",
+                 rotary_dim=8, mlp_bias=True, lm_head_bias=True),
+    "gpt_neox": dict(norm="layer", residual="parallel_two_norms", mlp="plain",
+                     activation="gelu", rotary_dim=4, num_key_value_heads=4, **ALL_BIASES),
+    "gpt2_opt": dict(norm="layer", rotary_dim=0, learned_positions=True, mlp="plain",
+                     activation="relu", tie_word_embeddings=True, **ALL_BIASES),
+    "gated_gelu": dict(activation="gelu_tanh", rotary_dim=12, mlp_bias=True),
+}
 
 
 def tiny_model(rng, **overrides):
     args = ModelArgs(**{**CONFIG, **overrides})
-    t = {"model.embed_tokens.weight": rng.standard_normal((args.vocab_size, args.hidden_size)),
-         "model.norm.weight": 1 + 0.1 * rng.standard_normal(args.hidden_size)}
+    D = args.hidden_size
+    t = {"model.embed_tokens.weight": rng.standard_normal((args.vocab_size, D)),
+         "model.norm.weight": 1 + 0.1 * rng.standard_normal(D)}
+    if args.norm == "layer":
+        t["model.norm.bias"] = 0.1 * rng.standard_normal(D)
+    if args.learned_positions:
+        t["model.embed_positions.weight"] = rng.standard_normal((CAPACITY, D))
     for i in range(args.num_hidden_layers):
         for name in layer_weight_names(args, i):
-            if name.endswith("layernorm.weight"):
-                t[name] = 1 + 0.1 * rng.standard_normal(args.hidden_size)
-            elif name.endswith("bias"):
-                t[name] = 0.1 * rng.standard_normal(_rows(args, name))
-            else:
+            if "layernorm" in name:
+                t[name] = (1 if name.endswith("weight") else 0) + 0.1 * rng.standard_normal(D)
+            elif name.endswith("weight"):
                 rows, cols = _rows(args, name), _cols(args, name)
                 t[name] = rng.standard_normal((rows, cols)) / np.sqrt(cols)
+        for name in layer_weight_names(args, i):
+            if name.endswith("bias") and "layernorm" not in name:
+                t[name] = 0.1 * rng.standard_normal(t[name[:-4] + "weight"].shape[0])
     if not args.tie_word_embeddings:
-        t["lm_head.weight"] = rng.standard_normal((args.vocab_size, args.hidden_size)) / 8
+        t["lm_head.weight"] = rng.standard_normal((args.vocab_size, D)) / 8
+    if args.lm_head_bias:
+        t["lm_head.bias"] = 0.1 * rng.standard_normal(args.vocab_size)
     return args, {k: v.astype(np.float32) for k, v in t.items()}
 
 
 def _rows(a, name):
-    if "q_proj" in name or "o_proj" in name and name.endswith("bias"):
-        return a.num_attention_heads * a.head_dim if "q_proj" in name else a.hidden_size
+    if "q_proj" in name:
+        return a.num_attention_heads * a.head_dim
     if "k_proj" in name or "v_proj" in name:
         return a.num_key_value_heads * a.head_dim
     if "o_proj" in name or "down_proj" in name:
@@ -100,9 +126,9 @@ FORMATS = ["fp32", "fp16", "bf16", "int8", "int8_a8", "int4_g32", "int4_g64_asym
 def test_native_forward_matches_numpy_model(isa, fmt):
     rng = np.random.default_rng(0)
     args, tensors = tiny_model(rng)
-    native = NativeLlamaModel(args, tensors, fmt, masks=masks_for(args, tensors, fmt, rng),
+    native = NativeDecoderModel(args, tensors, fmt, masks=masks_for(args, tensors, fmt, rng),
                               max_tokens=16)
-    ref = LlamaModel(args, native.dequantized_tensors())
+    ref = DecoderModel(args, native.dequantized_tensors())
     got, gk, gv = run_schedule(native, args)
     want, wk, wv = run_schedule(ref, args)
     # int8 activations are a (small) deviation from the fp32-activation reference model
@@ -115,26 +141,52 @@ def test_native_forward_matches_numpy_model(isa, fmt):
 
 def test_mixed_formats_biases_tied_head_and_chunking(isa):
     rng = np.random.default_rng(3)
-    args, tensors = tiny_model(rng, attention_bias=True, tie_word_embeddings=True)
+    args, tensors = tiny_model(rng, qkv_bias=True, o_bias=True, tie_word_embeddings=True)
     names = linear_weight_names(args)
     formats = dict(zip(names, ["int8", "sparse_fp32", "int4_g32", "bf16", "fp32", "fp16",
                                "sparse_int4_g32"] * 3, strict=False))
     masks = {n: rng.random(tensors[n].shape) < 0.6 for n in names
              if formats.get(n, "").startswith("sparse")}
-    native = NativeLlamaModel(args, tensors, formats, masks=masks, max_tokens=5)  # chunks
-    ref = LlamaModel(args, native.dequantized_tensors())
+    native = NativeDecoderModel(args, tensors, formats, masks=masks, max_tokens=5)  # chunks
+    ref = DecoderModel(args, native.dequantized_tensors())
     got, _, _ = run_schedule(native, args)
     want, _, _ = run_schedule(ref, args)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=2e-4 * np.abs(w).max(), rtol=0)
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "int8_a8", "sparse_int8", "int4_g32"])
+@pytest.mark.parametrize("spec", [s for s in SPECS if s != "llama"])
+def test_every_decoder_spec_matches_numpy_model(isa, spec, fmt):
+    rng = np.random.default_rng(7)
+    args, tensors = tiny_model(rng, **SPECS[spec])
+    native = NativeDecoderModel(args, tensors, fmt, masks=masks_for(args, tensors, fmt, rng),
+                                max_tokens=16)
+    got, gk, _ = run_schedule(native, args)
+    want, wk, _ = run_schedule(DecoderModel(args, native.dequantized_tensors()), args)
+    tol = 0.05 if parse_format(fmt).act_int8 else 2e-4
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=tol * np.abs(w).max(), rtol=0)
+    np.testing.assert_allclose(gk, wk, atol=1e-4 if tol < 0.01 else 0.1)
+
+
+def test_learned_positions_beyond_the_table_raise():
+    rng = np.random.default_rng(8)
+    args, tensors = tiny_model(rng, **SPECS["gpt2_opt"])
+    tensors["model.embed_positions.weight"] = tensors["model.embed_positions.weight"][:10]
+    model = NativeDecoderModel(args, tensors, "fp32", max_tokens=8)
+    k, v = empty_cache(args)
+    one = np.array([0])
+    with pytest.raises(IndexError, match="beyond the 10 learned positions"):
+        model.forward(one, one, np.array([10]), k, v, one)
+
+
 def test_sliding_window_matches(isa):
     rng = np.random.default_rng(4)
     args, tensors = tiny_model(rng, sliding_window=4)
-    native = NativeLlamaModel(args, tensors, "fp32", max_tokens=16)
+    native = NativeDecoderModel(args, tensors, "fp32", max_tokens=16)
     got, _, _ = run_schedule(native, args)
-    want, _, _ = run_schedule(LlamaModel(args, tensors), args)
+    want, _, _ = run_schedule(DecoderModel(args, tensors), args)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=2e-4 * np.abs(w).max(), rtol=0)
 
@@ -142,7 +194,7 @@ def test_sliding_window_matches(isa):
 def test_bad_calls_raise():
     rng = np.random.default_rng(5)
     args, tensors = tiny_model(rng)
-    model = NativeLlamaModel(args, tensors, "fp32", max_tokens=8)
+    model = NativeDecoderModel(args, tensors, "fp32", max_tokens=8)
     k, v = empty_cache(args)
     one = np.array([0])
     with pytest.raises(IndexError, match="beyond the cache"):
@@ -150,7 +202,7 @@ def test_bad_calls_raise():
     with pytest.raises(IndexError, match="vocab"):
         model.forward(np.array([args.vocab_size]), one, one, k, v, one)
     with pytest.raises(ValueError, match="unknown weights"):
-        NativeLlamaModel(args, tensors, {"model.layers.9.mlp.up_proj.weight": "int8"})
+        NativeDecoderModel(args, tensors, {"model.layers.9.mlp.up_proj.weight": "int8"})
 
 
 @pytest.mark.parametrize("fmt", ["int8_a8", "sparse_int8", "int4_g64"])
@@ -164,12 +216,12 @@ def test_wider_model_on_two_threads(isa, fmt):
     saved = kernels.get_num_threads()
     kernels.set_num_threads(2)
     try:
-        native = NativeLlamaModel(args, tensors, fmt, masks=masks_for(args, tensors, fmt, rng),
+        native = NativeDecoderModel(args, tensors, fmt, masks=masks_for(args, tensors, fmt, rng),
                                   max_tokens=16)
         got, _, _ = run_schedule(native, args)
     finally:
         kernels.set_num_threads(saved)
-    want, _, _ = run_schedule(LlamaModel(args, native.dequantized_tensors()), args)
+    want, _, _ = run_schedule(DecoderModel(args, native.dequantized_tensors()), args)
     tol = 0.05 if parse_format(fmt).act_int8 else 2e-4
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=tol * np.abs(w).max(), rtol=0)

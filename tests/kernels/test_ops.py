@@ -24,6 +24,34 @@ def test_rope(isa, rng, hd):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("D", [64, 77])
+def test_layer_norm(isa, rng, D):
+    x = (rng.standard_normal((20, D)) * 3 + 2).astype(np.float32)  # mean far from 0
+    w = rng.standard_normal(D).astype(np.float32)
+    b = rng.standard_normal(D).astype(np.float32)
+    for bias in (b, None):
+        np.testing.assert_allclose(kernels.layer_norm(x, w, bias, 1e-5),
+                                   ref.layer_norm(x, w, bias, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu_tanh", "gelu", "relu"])
+@pytest.mark.parametrize("n", [7, 40000])
+def test_activation(isa, rng, name, n):
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    np.testing.assert_allclose(kernels.activation(x, name), ref.activation(x, name),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_partial_rope(isa, rng):
+    """Only the first 2 * len(inv_freq) dims of each head rotate (GPT-NeoX, Phi-2, GPT-J)."""
+    x = rng.standard_normal((6, 3, 16)).astype(np.float32)
+    pos = np.array([0, 1, 5, 100, 2047, 7])
+    inv = 1.0 / 10000 ** (np.arange(0, 8, 2) / 8)
+    out = kernels.rope(x, pos, inv)
+    np.testing.assert_allclose(out, ref.rope(x, pos, inv), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[..., 8:], x[..., 8:])
+
+
 @pytest.mark.parametrize("n", [8, 1000, 9000])
 def test_swiglu_add_softmax(isa, rng, n):
     g = rng.standard_normal(n).astype(np.float32) * 4
@@ -53,7 +81,7 @@ def test_attention_batch_of_sequences(isa, rng, window):
 
 def test_attention_matches_model_reference(rng):
     # The model's own NumPy attention (one sequence, keys 0..L-1) is the same math.
-    from sparsellm.models.llama import attention as model_attention
+    from sparsellm.models.decoder import attention as model_attention
 
     KV, L, hd, H = 2, 9, 16, 6
     k = rng.standard_normal((1, KV, L, hd)).astype(np.float32)

@@ -9,7 +9,8 @@ import torch
 
 from sparsellm.engine import Engine
 from sparsellm.models import load_checkpoint
-from sparsellm.models.llama import ModelArgs, attention, unpermute_gguf_qk
+from sparsellm.models.decoder import ModelArgs, attention
+from sparsellm.models.llama import model_args, unpermute_gguf_qk
 from sparsellm.models.rope import rope_inv_freq
 
 TOL = 1e-3
@@ -142,7 +143,7 @@ def test_attention_matches_torch_sdpa():
 
 
 def test_model_args_from_config_ignores_unknown_keys_and_validates_heads():
-    args = ModelArgs.from_config({"hidden_size": 64, "intermediate_size": 128,
+    args = model_args({"hidden_size": 64, "intermediate_size": 128,
                                   "num_hidden_layers": 2, "num_attention_heads": 4,
                                   "vocab_size": 10, "some_future_key": 1})
     assert args.num_key_value_heads == 4 and args.head_dim == 16

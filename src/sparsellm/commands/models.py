@@ -13,9 +13,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.architectures:
-        print(f"{'family':<10} {'config.json architectures':<60} GGUF")
+        print(f"{'family':<10} {'config.json architectures':<58} {'GGUF':<22} models")
         for a in ARCHITECTURES:
-            print(f"{a.name:<10} {', '.join(a.hf_names):<60} {', '.join(a.gguf_names)}")
+            print(f"{a.name:<10} {', '.join(a.hf_names):<58} "
+                  f"{', '.join(a.gguf_names) or '-':<22} {a.description}")
+        print("\nConfig variants an architecture does not implement are refused with an error "
+              "naming the config.json key.")
         return 0
     print(f"{'name':<24} {'status':<10} description")
     for m in MODELS.values():

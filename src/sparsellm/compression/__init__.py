@@ -91,7 +91,8 @@ def compress(
                          "sources are dequantized to fp32 and are fine)")
     args = ckpt.args
     tied = "lm_head.weight" not in ckpt.tensors
-    plan = build_plan(parsed, weight_modules(list(ckpt.tensors), args.num_hidden_layers), tied)
+    modules = weight_modules(list(ckpt.tensors), args.num_hidden_layers, args.mlp == "gated")
+    plan = build_plan(parsed, modules, tied)
     for note in plan.notes:
         logger.info("%s", note)
     samples = calibration_samples(ckpt.tokenizer, texts, num_calibration_samples,

@@ -1,10 +1,12 @@
-"""Sequential one-shot calibration: layer by layer, with a NumPy Llama layer forward.
+"""Sequential one-shot calibration: layer by layer, with the decoder's own NumPy layer forward.
 
-The embedding runs on the calibration samples; then for each decoder layer, in execution order
-("true sequential"), each group of linears sharing an input (q/k/v, o, gate/up, down) has its
-input Hessian H = 2 X^T X / n accumulated from the activations produced by the already
-compressed weights, is compressed, and is then applied to produce the next group's input. Memory
-is bounded by one layer's activations (samples x seq x max(hidden, intermediate) fp32).
+The embedding runs on the calibration samples; then each decoder layer runs through
+`DecoderModel.layer` (the same math as inference, for every architecture) with a linear hook:
+in execution order ("true sequential"), each group of linears sharing an input (q/k/v, o,
+gate/up or up, down) has its input Hessian H = 2 X^T X / n accumulated from the activations
+produced by the already compressed weights, is compressed, and is then applied to produce the
+next group's input. Memory is bounded by one layer's activations (samples x seq x
+max(hidden, intermediate) fp32).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import numpy as np
 
 from ..models.checkpoint import Checkpoint
 from ..models.compressed import measured_structure
+from ..models.decoder import DecoderModel, Linears, attention
 from ..models.formats import QuantizedTensor, WeightFormat
-from ..models.llama import apply_rope, attention, rms_norm, silu
 from .gptq import gptq_quantize
 from .magnitude import magnitude_prune
 from .quantize import quantize_embedding, rtn_quantize
@@ -32,7 +34,7 @@ from .sparsegpt import accumulate_hessian, obs_compress
 
 logger = logging.getLogger(__name__)
 
-ROW_CHUNK = 8192  # tokens per matmul chunk in the MLP (bounds the (tokens, intermediate) buffers)
+ROW_CHUNK = 8192  # tokens per Hessian accumulation chunk
 
 
 def calibration_samples(
@@ -141,6 +143,23 @@ def _with_sparsity(fmt: WeightFormat, sparsity: str | None) -> WeightFormat:
     return replace(fmt, sparsity=sparsity)
 
 
+class _CompressingLinears(Linears):
+    """The decoder's linear hook during calibration: `prepare` compresses a group of weights
+    from their shared input, calls multiply by the (compressed) weights of the run."""
+
+    def __init__(self, compressor: SequentialCompressor):
+        self.c = compressor
+
+    def prepare(self, layer: int, modules: Sequence[str], x: np.ndarray) -> None:
+        names = [f"model.layers.{layer}.{m}" for m in modules]
+        hess = self.c._hessian(x, names)
+        for name in names:
+            self.c._apply(name, hess)
+
+    def __call__(self, layer: int, module: str, x: np.ndarray) -> np.ndarray:
+        return x @ self.c.tensors[f"model.layers.{layer}.{module}.weight"].T
+
+
 class SequentialCompressor:
     """Runs a Plan over a checkpoint with calibration samples (N, S) token ids."""
 
@@ -153,9 +172,7 @@ class SequentialCompressor:
         self.tensors = dict(checkpoint.tensors)
         self.result = RunResult(CompressedModel(checkpoint, self.tensors))
         self.progress = sys.stderr.isatty() if progress is None else progress
-        model = checkpoint.build_model()
-        self.rope = model.rope_tables(np.arange(samples.shape[1]))
-        self.attention_scale = model.attention_scale
+        self.linears = _CompressingLinears(self)
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _apply(self, module: str, h: np.ndarray | None) -> None:
@@ -187,9 +204,6 @@ class SequentialCompressor:
             h, count = accumulate_hessian(h, x[s:s + ROW_CHUNK], count)
         return h
 
-    def _w(self, module: str) -> np.ndarray:
-        return self.tensors[module + ".weight"]
-
     # ---- run ------------------------------------------------------------------------------------
     def run(self) -> RunResult:
         from tqdm import tqdm
@@ -197,76 +211,42 @@ class SequentialCompressor:
         a = self.args
         embed = "model.embed_tokens"
         self._apply(embed, None)
+        # Built after the embedding is compressed; norms and biases are views of self.tensors,
+        # linear weights are read through the hook (they change as the run compresses them).
+        model = DecoderModel(a, self.tensors)
         n, s = self.samples.shape
-        x = self.tensors[embed + ".weight"][self.samples.reshape(-1)].astype(np.float32)
+        positions = np.tile(np.arange(s), n)
+        x = model.embed_tokens(self.samples.reshape(-1), positions, self.tensors[embed + ".weight"])
+        rope = model.rope_tables(positions)
+        attend = self._attend(model, n, s)
         layers = range(a.num_hidden_layers)
         bar = tqdm(layers, desc="compressing", unit="layer", disable=not self.progress,
                    file=sys.stderr)
         for i in bar:
             start = time.perf_counter()
-            x = self.layer(i, x, n, s)
+            x = model.layer(i, x, rope, attend, self.linears)
             self.result.layer_seconds[f"model.layers.{i}"] = time.perf_counter() - start
             logger.debug("layer %d compressed in %.1f s", i, time.perf_counter() - start)
         bar.close()
         if "lm_head.weight" in self.tensors and "lm_head" in self.plan.tensors:
             start = time.perf_counter()
-            hx = rms_norm(x, self.tensors["model.norm.weight"], a.rms_norm_eps)
+            hx = model.final_norm(x)
             self._apply("lm_head", self._hessian(hx, ["lm_head"]))
             self.result.layer_seconds["lm_head"] = time.perf_counter() - start
         return self.result
 
-    def layer(self, i: int, x: np.ndarray, n: int, s: int) -> np.ndarray:
-        """Compress decoder layer i given its input x (n*s, hidden) -> its output."""
+    def _attend(self, model: DecoderModel, n: int, s: int):
+        """Causal attention within each of the n calibration samples of s tokens."""
         a = self.args
-        p = f"model.layers.{i}."
-        t = self.tensors
-        H, KV, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
-        qkv = [p + f"self_attn.{k}_proj" for k in "qkv"]
-        h = rms_norm(x, t[p + "input_layernorm.weight"], a.rms_norm_eps)
-        hess = self._hessian(h, qkv)
-        for m in qkv:
-            self._apply(m, hess)
-        del hess
-        q = h @ self._w(qkv[0]).T
-        k = h @ self._w(qkv[1]).T
-        v = h @ self._w(qkv[2]).T
-        del h
-        if p + "self_attn.q_proj.bias" in t:
-            q += t[p + "self_attn.q_proj.bias"]
-            k += t[p + "self_attn.k_proj.bias"]
-            v += t[p + "self_attn.v_proj.bias"]
-        cos, sin = self.rope
         positions = np.arange(s)
-        attn = np.empty((n * s, H * hd), dtype=np.float32)
-        for j in range(n):
-            rows = slice(j * s, (j + 1) * s)
-            qj = apply_rope(q[rows].reshape(s, H, hd), cos, sin)
-            kj = apply_rope(k[rows].reshape(s, KV, hd), cos, sin).transpose(1, 0, 2)
-            vj = v[rows].reshape(s, KV, hd).transpose(1, 0, 2)
-            attn[rows] = attention(qj, kj, vj, positions, self.attention_scale,
-                                   a.sliding_window).reshape(s, H * hd)
-        del q, k, v
-        o = p + "self_attn.o_proj"
-        self._apply(o, self._hessian(attn, [o]))
-        x = x + attn @ self._w(o).T
-        if p + "self_attn.o_proj.bias" in t:
-            x += t[p + "self_attn.o_proj.bias"]
-        del attn
-        gu = [p + "mlp.gate_proj", p + "mlp.up_proj"]
-        h = rms_norm(x, t[p + "post_attention_layernorm.weight"], a.rms_norm_eps)
-        hess = self._hessian(h, gu)
-        for m in gu:
-            self._apply(m, hess)
-        del hess
-        wg, wu = self._w(gu[0]), self._w(gu[1])
-        act = np.empty((n * s, wg.shape[0]), dtype=np.float32)
-        for r in range(0, n * s, ROW_CHUNK):
-            hr = h[r:r + ROW_CHUNK]
-            act[r:r + ROW_CHUNK] = silu(hr @ wg.T) * (hr @ wu.T)
-        del h
-        down = p + "mlp.down_proj"
-        self._apply(down, self._hessian(act, [down]))
-        wd = self._w(down)
-        for r in range(0, n * s, ROW_CHUNK):
-            x[r:r + ROW_CHUNK] += act[r:r + ROW_CHUNK] @ wd.T
-        return x
+
+        def attend(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            out = np.empty((n * s, q.shape[1] * q.shape[2]), dtype=np.float32)
+            for j in range(n):
+                rows = slice(j * s, (j + 1) * s)
+                out[rows] = attention(q[rows], k[rows].transpose(1, 0, 2),
+                                      v[rows].transpose(1, 0, 2), positions,
+                                      model.attention_scale, a.sliding_window).reshape(s, -1)
+            return out
+
+        return attend

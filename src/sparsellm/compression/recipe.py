@@ -193,19 +193,26 @@ class WeightModule:
         return self.name + ".weight"
 
 
-def weight_modules(tensor_names: Sequence[str], num_layers: int) -> list[WeightModule]:
-    """The weight-holding modules of a Llama-family model, in execution order."""
+def weight_modules(tensor_names: Sequence[str], num_layers: int,
+                   gated_mlp: bool = True) -> list[WeightModule]:
+    """The weight-holding modules of a model under canonical decoder names, in execution order
+    (every architecture: attention q/k/v/o, MLP [gate/]up/down, lm_head when not tied)."""
     names = set(tensor_names)
     out = [WeightModule("model.embed_tokens", "Embedding", None)]
+    mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj") if gated_mlp else \
+        ("mlp.up_proj", "mlp.down_proj")
     for i in range(num_layers):
         for sub in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                    "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+                    "self_attn.o_proj", *mlp):
             out.append(WeightModule(f"model.layers.{i}.{sub}", "Linear", i))
     if "lm_head.weight" in names:
         out.append(WeightModule("lm_head", "Linear", None))
     return out
 
 
+# transformers' decoder-layer classes: LlamaDecoderLayer, OPTDecoderLayer, GPT2Block, GPTJBlock,
+# CodeGenBlock, GPTNeoXLayer, PhiDecoderLayer, ...
+DECODER_LAYER_CLASS = r"[A-Z]\w*(DecoderLayer|Block)|GPTNeoXLayer"
 _NON_WEIGHT = re.compile(
     r"^[A-Z]\w*(RotaryEmbedding|RMSNorm|LayerNorm|Norm|Activation|SiLU|GELU|Dropout|MatMul"
     r"|Softmax)$|^(QuantizableMatMul|QATMatMul|MatMul\w*|SiLU|GELU|Identity)$")
@@ -227,7 +234,7 @@ def match_target(target: str, modules: Sequence[WeightModule]) -> tuple[list[Wei
                                           for c in hits)], 1
     if target in ("Linear", "Embedding"):
         return [m for m in modules if m.kind == target], 0
-    if re.fullmatch(r"[A-Z]\w*DecoderLayer", target):
+    if re.fullmatch(DECODER_LAYER_CLASS, target):
         return [m for m in modules if m.layer is not None], 0
     if re.fullmatch(r"[A-Z]\w*Attention", target) and "Rotary" not in target:
         return [m for m in modules if ".self_attn." in m.name], 0

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_folder, write_json_atomic
-from ..models.checkpoint import Checkpoint
+from ..models.checkpoint import TENSOR_NAMES_KEY, Checkpoint
 from ..models.compressed import bitmask_compress, pack_int32
 from ..models.formats import QuantizedTensor, WeightFormat
 from ..models.safetensors_io import write_safetensors
@@ -144,12 +144,24 @@ def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
 
 
 def hf_config(source: Checkpoint) -> dict[str, Any]:
-    """The source's config as an HF config.json (GGUF metadata gets architectures etc.)."""
+    """The source's config as an HF config.json (GGUF metadata gets architectures etc.).
+
+    Tensors are always written under their canonical (Llama-style) names. For Llama-family
+    models those are the HF names, so the folder is a regular compressed-tensors checkpoint.
+    Other architectures get an explicit marker (TENSOR_NAMES_KEY) instead of their own names:
+    compression formats are declared per canonical linear (q/k/v and gate/up are compressed and
+    quantized separately, with their own scales and bitmasks), and writing the architecture's
+    fused / transposed / permuted tensors back (GPT-2 Conv1D, CodeGen and NeoX fused qkv, GPT-J
+    RoPE row order, OPT's position offset) would mean re-fusing integers, scales and masks for
+    no benefit to sparsellm; the loader skips the name map when it sees the marker."""
     config = {k: v for k, v in source.config.items()
               if k not in ("quantization_config", "compression_config", "sparsity_config")}
     model_type = config.get("model_type", "llama")
     config.setdefault("architectures", [HF_ARCHITECTURES.get(model_type, "LlamaForCausalLM")])
-    config.setdefault("hidden_act", "silu")
+    if source.architecture.name == "llama":
+        config.setdefault("hidden_act", "silu")
+    else:
+        config[TENSOR_NAMES_KEY] = "canonical"
     config["torch_dtype"] = "float32"
     return config
 
@@ -161,7 +173,7 @@ def write_tokenizer(source: Checkpoint, folder: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": tok.bos_token, "eos_token": tok.eos_token,
         "pad_token": tok.pad_token, "unk_token": tok.unk_token,
-        "model_max_length": source.config.get("max_position_embeddings", 2048),
+        "model_max_length": source.args.max_position_embeddings,
         "clean_up_tokenization_spaces": False,
     }
     if tok.chat_template:

@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 
 from ..kernels import get_num_threads, set_num_threads
-from ..kernels.native_model import NativeLlamaModel
+from ..kernels.native_model import NativeDecoderModel
 from ..models import Checkpoint, load_checkpoint
 from .kv_cache import KVCache
 from .weights import reference_tensors, weight_formats
@@ -60,6 +60,12 @@ class Engine:
                              "max_sequences must be positive")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; accepted: {', '.join(BACKENDS)}")
+        positions = self.checkpoint.tensors.get("model.embed_positions.weight")
+        if self.args.learned_positions and positions is not None and \
+                sequence_length > positions.shape[0]:
+            raise ValueError(f"sequence_length {sequence_length} is longer than the "
+                             f"{positions.shape[0]} positions this model learned; pass "
+                             f"sequence_length <= {positions.shape[0]}")
         self.sequence_length = sequence_length
         self.prompt_chunk = prompt_processing_sequence_length
         self.num_cores = num_cores
@@ -68,7 +74,7 @@ class Engine:
         if backend == "native":
             if num_cores is not None:
                 set_num_threads(num_cores)
-            self.model = NativeLlamaModel(self.args, self.checkpoint.tensors, self.formats,
+            self.model = NativeDecoderModel(self.args, self.checkpoint.tensors, self.formats,
                                           packed=packed, max_tokens=max(
                                               prompt_processing_sequence_length, max_sequences))
         else:

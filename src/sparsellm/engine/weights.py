@@ -25,7 +25,7 @@ def weight_formats(
     are; a tied lm_head follows the embedding's); `weights` instead converts every linear weight
     on load; anything else is fp32.
     """
-    names = checkpoint.architecture.module.linear_weight_names(checkpoint.args)
+    names = checkpoint.linear_weight_names
     if weights is not None:
         if weights not in FORMATS:
             raise ValueError(f"unknown weights format {weights!r}; accepted: {', '.join(FORMATS)}")

@@ -98,8 +98,7 @@ def evaluate(
         num_cores=num_cores, weights=weights, progress=progress,
     )
     if sequence_length is None:
-        context = int(checkpoint.config.get("max_position_embeddings") or
-                      MAX_DEFAULT_SEQUENCE_LENGTH)
+        context = int(checkpoint.args.max_position_embeddings or MAX_DEFAULT_SEQUENCE_LENGTH)
         sequence_length = min(context, MAX_DEFAULT_SEQUENCE_LENGTH)
     if integration == "perplexity":
         columns = _columns(records, text_column_name)

@@ -8,10 +8,12 @@ Formats: see `FORMATS` and kernels/formats.py. `reference` holds the NumPy twins
 
 from .formats import FORMATS, FormatSpec, PackedWeight, pack, pack_quantized, parse_format
 from .ops import (
+    activation,
     add_,
     attention,
     get_isa,
     get_num_threads,
+    layer_norm,
     linear,
     rms_norm,
     rope,
@@ -22,7 +24,7 @@ from .ops import (
 )
 
 __all__ = [
-    "FORMATS", "FormatSpec", "PackedWeight", "add_", "attention", "get_isa", "get_num_threads",
-    "linear", "pack", "pack_quantized", "parse_format", "rms_norm", "rope", "set_isa",
-    "set_num_threads", "softmax", "swiglu",
+    "FORMATS", "FormatSpec", "PackedWeight", "activation", "add_", "attention", "get_isa",
+    "get_num_threads", "layer_norm", "linear", "pack", "pack_quantized", "parse_format",
+    "rms_norm", "rope", "set_isa", "set_num_threads", "softmax", "swiglu",
 ]

@@ -109,10 +109,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, float, int]:
-    """Random SmolLM2-135M-shaped NativeLlamaModel in one format (lm_head: the dense twin of
+    """Random SmolLM2-135M-shaped NativeDecoderModel in one format (lm_head: the dense twin of
     the format): (decode tokens/s, prefill tokens/s, packed weight bytes)."""
-    from ..models.llama import ModelArgs, layer_weight_names, linear_weight_names
-    from .native_model import NativeLlamaModel
+    from ..models.decoder import ModelArgs, layer_weight_names, linear_weight_names
+    from .native_model import NativeDecoderModel
 
     args = ModelArgs(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                      num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
@@ -140,7 +140,7 @@ def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, fl
         dense = dense.removeprefix(prefix)
     formats = dict.fromkeys(linear_weight_names(args), fmt)
     formats["lm_head.weight"] = dense
-    model = NativeLlamaModel(args, tensors, formats, masks=masks, max_tokens=prompt)
+    model = NativeDecoderModel(args, tensors, formats, masks=masks, max_tokens=prompt)
     cache = (1, 1, 3, prompt + steps + 1, 64)
     k, v = np.zeros((30, *cache[1:]), np.float32), np.zeros((30, *cache[1:]), np.float32)
     tokens = rng.integers(0, 49152, prompt)
@@ -157,7 +157,7 @@ def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, fl
 
 
 def main_model(formats: list[str]) -> None:
-    print("\nRandom SmolLM2-135M-shaped model, NativeLlamaModel (lm_head in the dense twin "
+    print("\nRandom SmolLM2-135M-shaped model, NativeDecoderModel (lm_head in the dense twin "
           "format), prompt 128, 32 decode steps")
     print(f"{'format':<16}{'MB':>8}{'decode tok/s':>14}{'GB/s':>8}{'prefill tok/s':>15}")
     for fmt in formats:

@@ -1,12 +1,13 @@
-"""NativeLlamaModel: the whole Llama forward as one native call per step.
+"""NativeDecoderModel: the whole decoder forward (any architecture spec) as one native call per
+step.
 
-A drop-in for `sparsellm.models.llama.LlamaModel` where the engine runs a model: built from the
+A drop-in for `sparsellm.models.decoder.DecoderModel` where the engine runs a model: built from the
 same `ModelArgs` + canonical tensors dict, `forward` takes the same arguments and returns the
 same logits. Each linear weight is packed in the format chosen for it (any mix), e.g.
 
     formats = {name: "sparse_int8_a8" for name in linear_weight_names(args)}
     formats["lm_head.weight"] = "int8_a8"
-    model = NativeLlamaModel(args, tensors, formats, masks=masks)
+    model = NativeDecoderModel(args, tensors, formats, masks=masks)
     logits = model.forward(tokens, slots, positions, k_cache, v_cache, logit_rows)
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..models.llama import ModelArgs, linear_weight_names
+from ..models.decoder import ACTIVATIONS, RESIDUALS, ModelArgs, linear_weight_names
 from ..models.rope import rope_inv_freq
 from . import reference
 from ._ext import native
@@ -26,10 +27,15 @@ from .formats import PackedWeight, pack
 _LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
            "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
            "down": "mlp.down_proj"}
+# C++ layer-dict key -> fp32 vector name suffix (absent tensors are passed as None)
+_VECTORS = {"attn_norm": "input_layernorm.weight", "attn_norm_b": "input_layernorm.bias",
+            "mlp_norm": "post_attention_layernorm.weight",
+            "mlp_norm_b": "post_attention_layernorm.bias",
+            **{f"b{k}": f"{base}.bias" for k, base in _LINEAR.items()}}
 
 
-class NativeLlamaModel:
-    """Packed weights + a native forward over a flat batch of tokens (see LlamaModel.forward)."""
+class NativeDecoderModel:
+    """Packed weights + a native forward over a flat batch of tokens (see DecoderModel.forward)."""
 
     def __init__(
         self,
@@ -74,25 +80,29 @@ class NativeLlamaModel:
         layers = []
         for i in range(args.num_hidden_layers):
             p = f"model.layers.{i}."
-            d = {key: self.packed[p + base + ".weight"].native() for key, base in _LINEAR.items()}
-            d["attn_norm"] = vec(p + "input_layernorm.weight")
-            d["mlp_norm"] = vec(p + "post_attention_layernorm.weight")
-            for key in "qkvo":
-                d[f"b{key}"] = vec(p + f"self_attn.{key}_proj.bias")
+            d = {key: self.packed[p + base + ".weight"].native() for key, base in _LINEAR.items()
+                 if p + base + ".weight" in self.packed}
+            d.update({key: vec(p + name) for key, name in _VECTORS.items()})
             layers.append(d)
-        inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.rope_scaling,
-                                 tensors.get("rope_freqs.weight"))
+        inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
+                                 tensors.get("rope_freqs.weight")) if args.rotary_dim else []
+        pos_embed = vec("model.embed_positions.weight") if args.learned_positions else None
         config = {
             "hidden": args.hidden_size, "intermediate": args.intermediate_size,
             "heads": args.num_attention_heads, "kv_heads": args.num_key_value_heads,
-            "head_dim": args.head_dim, "vocab": args.vocab_size, "eps": float(args.rms_norm_eps),
+            "head_dim": args.head_dim, "vocab": args.vocab_size, "eps": float(args.norm_eps),
             "sliding_window": int(args.sliding_window or 0), "max_tokens": self.max_tokens,
+            "rotary_dim": args.rotary_dim,
             "inv_freq": [float(f) for f in np.asarray(inv_freq, dtype=np.float64)],
+            "layer_norm": args.norm == "layer", "residual": RESIDUALS.index(args.residual),
+            "gated": args.mlp == "gated", "act": ACTIVATIONS.index(args.activation),
+            "max_positions": 0 if pos_embed is None else pos_embed.shape[0],
         }
         self._tensors = tensors
-        self._model = native().NativeModel(config, layers, embed,
-                                           vec("model.norm.weight"),
-                                           self.packed["lm_head.weight"].native())
+        self._model = native().NativeModel(
+            config, layers, embed, pos_embed, vec("model.norm.weight"), vec("model.norm.bias"),
+            self.packed["lm_head.weight"].native(),
+            vec("lm_head.bias") if args.lm_head_bias else None)
 
     @property
     def weight_bytes(self) -> int:
@@ -108,7 +118,7 @@ class NativeLlamaModel:
         v_cache: np.ndarray,
         logit_rows: np.ndarray,
     ) -> np.ndarray:
-        """Same contract as LlamaModel.forward; k_cache/v_cache (layers, slots, kv_heads,
+        """Same contract as DecoderModel.forward; k_cache/v_cache (layers, slots, kv_heads,
         capacity, head_dim) float32 C-contiguous are written in place. -> (len(logit_rows), vocab)
         """
         i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
@@ -130,7 +140,7 @@ class NativeLlamaModel:
 
     def dequantized_tensors(self) -> dict[str, np.ndarray]:
         """The tensors dict with every linear weight replaced by what the kernels multiply by
-        (for LlamaModel reference runs and quality checks)."""
+        (for DecoderModel reference runs and quality checks)."""
         out = dict(self._tensors)
         for name, p in self.packed.items():
             out[name] = reference.dequantize(p)

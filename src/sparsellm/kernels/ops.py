@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..models.decoder import ACTIVATIONS
 from ._ext import native
 from .formats import PackedWeight
 
@@ -34,8 +35,25 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+               eps: float) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * weight (+ bias) over the last axis."""
+    x = _f32(x)
+    out = np.empty_like(x)
+    native().layer_norm(x, _f32(weight), None if bias is None else _f32(bias), float(eps), out)
+    return out
+
+
+def activation(x: np.ndarray, name: str) -> np.ndarray:
+    """An MLP activation (sparsellm.models.decoder.ACTIVATIONS: silu, gelu_tanh, gelu, relu)."""
+    out = np.array(x, dtype=np.float32, order="C", copy=True)
+    native().activation_(out, ACTIVATIONS.index(name))
+    return out
+
+
 def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """Half-split ("rotate_half") RoPE of x (T, heads, head_dim); returns a new array."""
+    """Half-split ("rotate_half") RoPE of x (T, heads, head_dim) on the first 2 * len(inv_freq)
+    dims of each head (partial RoPE when that is < head_dim); returns a new array."""
     out = np.array(x, dtype=np.float32, order="C", copy=True)
     native().rope_(out, np.ascontiguousarray(positions, dtype=np.int64),
                    np.ascontiguousarray(inv_freq, dtype=np.float64))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..models import decoder
 from .formats import _SLOT_CHUNK, PackedWeight
 
 
@@ -120,14 +121,19 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         np.float32)
 
 
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+               eps: float) -> np.ndarray:
+    return decoder.layer_norm(x.astype(np.float64), weight, bias, eps).astype(np.float32)
+
+
+def activation(x: np.ndarray, name: str) -> np.ndarray:
+    return decoder.ACTIVATION_FNS[name](x.astype(np.float64)).astype(np.float32)
+
+
 def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """Half-split RoPE. x: (T, heads, hd); angles from positions and inv_freq (hd/2,)."""
+    """Half-split RoPE on the first 2 * len(inv_freq) dims of each head. x: (T, heads, hd)."""
     ang = positions.astype(np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]
-    c = np.cos(ang).astype(np.float32)[:, None, :]
-    s = np.sin(ang).astype(np.float32)[:, None, :]
-    h = x.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h:]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    return decoder.apply_rope(x, np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
 
 
 def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:

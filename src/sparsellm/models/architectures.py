@@ -1,29 +1,77 @@
-"""Which architectures sparsellm runs, keyed by HF `architectures` names and GGUF names."""
+"""Which architectures sparsellm runs, keyed by HF `architectures` names and GGUF names.
+
+Every architecture is a spec of the one decoder (decoder.py): an entry here names its config
+mapping and its load-time tensor conversion (HF, and GGUF where llama.cpp defines it).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
+from typing import Any
 
-from . import llama
+import numpy as np
+
+from . import gpt2, gpt_neox, gptj, llama, opt, phi
+from .decoder import ModelArgs
+
+Tensors = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class GGUFSpec:
+    """How llama.cpp stores an architecture: metadata -> config.json keys, tensor names ->
+    canonical (or fused intermediate) names, then layout transforms."""
+
+    config: Callable[[str, Callable[..., Any]], dict[str, Any]]
+    tensor_names: dict[str, str]
+    convert: Callable[[Tensors, ModelArgs, str], Tensors]
 
 
 @dataclass(frozen=True)
 class Architecture:
     name: str  # canonical family name
-    module: ModuleType  # holds ModelArgs, the model class and the GGUF weight-name map
+    description: str
     hf_names: tuple[str, ...]
-    gguf_names: tuple[str, ...]
-    gguf_permuted_qk: tuple[str, ...] = ()  # GGUF archs whose Q/K rows llama.cpp permuted
+    model_args: Callable[[dict[str, Any]], ModelArgs]  # config.json dict -> decoder spec
+    from_hf: Callable[[Tensors, ModelArgs], Tensors]  # HF tensors -> canonical tensors
+    gguf_names: tuple[str, ...] = ()
+    gguf: GGUFSpec | None = None
+
+    def args(self, config: dict[str, Any]) -> ModelArgs:
+        """model_args with a clear error for a config.json missing a required key."""
+        try:
+            return self.model_args(config)
+        except KeyError as e:
+            raise ValueError(f"config.json lacks {e.args[0]!r}, which the {self.name} "
+                             "architecture needs") from None
 
 
 ARCHITECTURES = [
     Architecture(
-        "llama", llama,
+        "llama", "Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2",
         hf_names=("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"),
+        model_args=llama.model_args, from_hf=llama.from_hf,
         gguf_names=("llama", "mistral", "qwen2"),
-        gguf_permuted_qk=("llama", "mistral"),
+        gguf=GGUFSpec(llama.gguf_config, llama.GGUF_TENSOR_NAMES, llama.from_gguf),
     ),
+    Architecture("gpt2", "GPT-2, DistilGPT2", ("GPT2LMHeadModel",), gpt2.model_args,
+                 gpt2.from_hf, ("gpt2",),
+                 GGUFSpec(gpt2.gguf_config, gpt2.GGUF_TENSOR_NAMES, gpt2.from_gguf)),
+    Architecture("opt", "OPT (pre-LayerNorm: 125m, 1.3b and up)", ("OPTForCausalLM",),
+                 opt.model_args, opt.from_hf),
+    Architecture("gptj", "GPT-J", ("GPTJForCausalLM",), gptj.model_args, gptj.gptj_from_hf),
+    Architecture("codegen", "CodeGen (Salesforce/codegen-*)", ("CodeGenForCausalLM",),
+                 gptj.codegen_args, gptj.codegen_from_hf),
+    Architecture("gpt_neox", "GPT-NeoX, Pythia", ("GPTNeoXForCausalLM",), gpt_neox.model_args,
+                 gpt_neox.from_hf, ("gptneox",),
+                 GGUFSpec(gpt_neox.gguf_config, gpt_neox.GGUF_TENSOR_NAMES, gpt_neox.from_gguf)),
+    Architecture("phi", "Phi-1.5, Phi-2", ("PhiForCausalLM",), phi.phi2_args, phi.phi2_from_hf,
+                 ("phi2",),
+                 GGUFSpec(phi.phi2_gguf_config, phi.PHI2_GGUF_TENSOR_NAMES, phi.phi2_from_gguf)),
+    Architecture("phi3", "Phi-3 (mini 4k: default RoPE)", ("Phi3ForCausalLM",), phi.phi3_args,
+                 phi.phi3_from_hf, ("phi3",),
+                 GGUFSpec(phi.phi3_gguf_config, phi.PHI3_GGUF_TENSOR_NAMES, phi.phi3_from_gguf)),
 ]
 
 
@@ -39,5 +87,6 @@ def find_architecture(name: str, *, gguf: bool = False) -> Architecture:
         supported_names()
     kind = "GGUF architecture" if gguf else "architecture"
     raise ValueError(
-        f"unsupported {kind} {name!r}; sparsellm supports: {', '.join(accepted)}"
+        f"unsupported {kind} {name!r}; sparsellm supports: {', '.join(accepted)} "
+        "(see `sparsellm models --architectures`)"
     )

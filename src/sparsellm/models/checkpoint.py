@@ -16,6 +16,7 @@ import numpy as np
 from ..tokenizer import Tokenizer
 from .architectures import Architecture, find_architecture
 from .compressed import decode_compressed_tensors, is_compressed_config
+from .decoder import DecoderModel, ModelArgs, layer_weight_names, linear_weight_names
 from .formats import QuantizedTensor, WeightFormat
 from .lazy import LazyTensors
 from .registry import MODELS, resolve_hf_cache, resolve_registered
@@ -25,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DEPLOYMENT_FILE = "deployment.json"  # written by sparsellm.export: task, sequence_length
+# config.json key sparsellm writes when the safetensors hold canonical (decoder.py) tensor names
+# instead of the architecture's own HF names (see compression/save.py for why).
+TENSOR_NAMES_KEY = "sparsellm_tensor_names"
 
 
 @dataclass
@@ -50,12 +54,17 @@ class Checkpoint:
     deployment: dict[str, Any] = field(default_factory=dict)  # an exported folder's settings
 
     @property
-    def args(self) -> Any:
-        return self.architecture.module.ModelArgs.from_config(self.config)
+    def args(self) -> ModelArgs:
+        return self.architecture.args(self.config)
 
-    def build_model(self, tensors: dict[str, np.ndarray] | None = None) -> Any:
+    @property
+    def linear_weight_names(self) -> list[str]:
+        """The 2-D weights formats and compression apply to (lm_head included)."""
+        return linear_weight_names(self.args)
+
+    def build_model(self, tensors: dict[str, np.ndarray] | None = None) -> DecoderModel:
         """The NumPy reference model over `tensors` (default: the checkpoint's own)."""
-        return self.architecture.module.LlamaModel(self.args, tensors or self.tensors)
+        return DecoderModel(self.args, tensors or self.tensors)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -126,12 +135,22 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
     raw = LazyTensors({name: partial(f.__getitem__, name) for f in files for name in f})
     formats: dict[str, WeightFormat] = {}
     quantized: Mapping[str, QuantizedTensor] = {}
+    args = arch.args(config)
+    canonical = config.get(TENSOR_NAMES_KEY) == "canonical"
     if is_compressed_config(config):  # compressed-tensors: integers, bitmasks, declared formats
+        if not canonical and arch.name != "llama":
+            raise ValueError(
+                f"{folder}: compressed-tensors checkpoints of {names[0]} are supported as "
+                "sparsellm writes them (canonical tensor names); compress the float model with "
+                "`sparsellm compress` instead")
         tensors, formats, quantized, notes = decode_compressed_tensors(raw, config)
         for note in notes:
             logger.info("%s: %s", folder, note)
     else:
         tensors = LazyTensors({name: partial(_float32_tensor, raw, name) for name in raw})
+        if not canonical:  # Llama's names are canonical: stays lazy
+            tensors = arch.from_hf(tensors, args)
+    check_tensors(tensors, args, str(folder))
     gen_path = folder / "generation_config.json"
     deployment_path = folder / DEPLOYMENT_FILE
     return Checkpoint(
@@ -146,6 +165,20 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
         quantized=quantized,
         deployment=json.loads(deployment_path.read_text()) if deployment_path.is_file() else {},
     )
+
+
+def check_tensors(tensors: dict[str, np.ndarray], args: ModelArgs, where: str) -> None:
+    """Every tensor the decoder spec needs is there (a clear error instead of a KeyError)."""
+    need = ["model.embed_tokens.weight", "model.norm.weight"]
+    need += [n for i in range(args.num_hidden_layers) for n in layer_weight_names(args, i)]
+    need += ["model.embed_positions.weight"] if args.learned_positions else []
+    need += ["model.norm.bias"] if args.norm == "layer" else []
+    need += ["lm_head.bias"] if args.lm_head_bias else []
+    need += [] if args.tie_word_embeddings else ["lm_head.weight"]
+    missing = [n for n in need if n not in tensors]
+    if missing:
+        raise ValueError(f"{where}: missing tensors {missing[:5]} ({len(missing)} in all) for "
+                         "this architecture's config")
 
 
 def _safetensors_files(folder: Path) -> list[Path]:

@@ -1,0 +1,394 @@
+"""The one decoder-only transformer every architecture is a spec of (math only, no I/O).
+
+An architecture file maps its config.json to `ModelArgs` and its tensor names to the canonical
+(Llama-style) names below; this file holds the single NumPy forward over a flat batch of tokens.
+The native runtime (csrc/model.cpp) implements the same spec.
+
+Canonical tensors ("{i}" is the layer index; `?` = present only when the spec says so):
+    model.embed_tokens.weight            (vocab, hidden)
+    model.embed_positions.weight ?       (max_positions, hidden)  row p = position p
+    model.layers.{i}.input_layernorm.weight / .bias ?
+    model.layers.{i}.post_attention_layernorm.weight / .bias ?    (not with a shared norm)
+    model.layers.{i}.self_attn.{q,k,v,o}_proj.weight / .bias ?
+    model.layers.{i}.mlp.gate_proj.weight / .bias ?               (gated MLPs only)
+    model.layers.{i}.mlp.{up,down}_proj.weight / .bias ?
+    model.norm.weight / .bias ?
+    lm_head.weight ? (absent: tied to the embedding) / lm_head.bias ?
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .rope import rope_inv_freq
+
+NORMS = ("rms", "layer")
+RESIDUALS = ("sequential", "parallel", "parallel_two_norms")
+MLPS = ("gated", "plain")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
+ROW_CHUNK = 8192  # tokens per MLP matmul chunk (bounds (tokens, intermediate) buffers)
+
+
+@dataclass
+class ModelArgs:
+    """The decoder spec. Defaults are Llama's."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    vocab_size: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    norm: str = "rms"  # "rms" | "layer" (LayerNorm with bias)
+    norm_eps: float = 1e-6
+    # RoPE rotates the first `rotary_dim` dims of each head, half-split ("rotate_half") style;
+    # None = all of head_dim, 0 = no RoPE. Interleaved-RoPE checkpoints (GPT-J, CodeGen) are
+    # permuted to half-split at load time (see gptj.py), so the runtime has one RoPE.
+    rotary_dim: int | None = None
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    learned_positions: bool = False  # add model.embed_positions.weight[position] to the input
+    # sequential: x += attn(n1(x)); x += mlp(n2(x))
+    # parallel: x += attn(n1(x)) + mlp(n1(x))   (GPT-J, CodeGen, Phi-2: one shared norm)
+    # parallel_two_norms: x += attn(n1(x)) + mlp(n2(x))   (GPT-NeoX)
+    residual: str = "sequential"
+    mlp: str = "gated"  # "gated": down(act(gate(h)) * up(h)); "plain": down(act(up(h)))
+    activation: str = "silu"  # silu | gelu_tanh | gelu (erf) | relu
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    lm_head_bias: bool = False
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.rotary_dim is None:
+            self.rotary_dim = self.head_dim
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
+            raise ValueError(f"rotary_dim ({self.rotary_dim}) must be even and in "
+                             f"[0, head_dim={self.head_dim}]")
+        for key, value, accepted in (("norm", self.norm, NORMS),
+                                     ("residual", self.residual, RESIDUALS),
+                                     ("mlp", self.mlp, MLPS),
+                                     ("activation", self.activation, ACTIVATIONS)):
+            if value not in accepted:
+                raise ValueError(f"{key}={value!r} is not supported; accepted: "
+                                 f"{', '.join(accepted)}")
+
+    @property
+    def shared_norm(self) -> bool:
+        return self.residual == "parallel"
+
+
+def layer_weight_names(args: ModelArgs, i: int) -> list[str]:
+    """Canonical names of layer i's tensors."""
+    p = f"model.layers.{i}."
+    norms = ["input_layernorm"] + ([] if args.shared_norm else ["post_attention_layernorm"])
+    names = [p + n + ".weight" for n in norms]
+    if args.norm == "layer":
+        names += [p + n + ".bias" for n in norms]
+    names += [p + f"self_attn.{n}_proj.weight" for n in "qkvo"]
+    if args.qkv_bias:
+        names += [p + f"self_attn.{n}_proj.bias" for n in "qkv"]
+    if args.o_bias:
+        names.append(p + "self_attn.o_proj.bias")
+    mlp = ["gate_proj", "up_proj", "down_proj"] if args.mlp == "gated" else ["up_proj", "down_proj"]
+    names += [p + f"mlp.{n}.weight" for n in mlp]
+    if args.mlp_bias:
+        names += [p + f"mlp.{n}.bias" for n in mlp]
+    return names
+
+
+def linear_weight_names(args: ModelArgs) -> list[str]:
+    """The 2-D weights that compression and quantized formats apply to (lm_head included)."""
+    return [n for i in range(args.num_hidden_layers) for n in layer_weight_names(args, i)
+            if n.endswith("proj.weight")] + ["lm_head.weight"]
+
+
+# ---- ops ----------------------------------------------------------------------------------------
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x: (T, D) -> (T, D); computed in fp32."""
+    var = np.mean(np.square(x), axis=-1, keepdims=True)
+    return x / np.sqrt(var + eps) * weight
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+               eps: float) -> np.ndarray:
+    """x: (T, D) -> (T, D)."""
+    mean = np.mean(x, axis=-1, keepdims=True)
+    d = x - mean
+    out = d / np.sqrt(np.mean(np.square(d), axis=-1, keepdims=True) + eps) * weight
+    return out if bias is None else out + bias
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) *
+                                    (x + np.float32(0.044715) * x * x * x)))
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf in float64 (Numerical Recipes' erfc, |error| < 1.2e-7: below fp32 resolution of
+    GELU outputs), vectorized without SciPy."""
+    z = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (
+        0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (
+            1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    r = 1.0 - t * np.exp(poly)
+    return np.where(x >= 0, r, -r)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """Exact (erf) GELU."""
+    return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(np.float32)
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
+ACTIVATION_FNS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "silu": silu, "gelu_tanh": gelu_tanh, "gelu": gelu, "relu": relu}
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Half-split RoPE on the first 2 * cos.shape[-1] dims of each head; the rest pass through.
+
+    x: (T, heads, head_dim); cos/sin: (T, rotary_dim / 2)."""
+    half = cos.shape[-1]
+    if half == 0:
+        return x
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half:]], axis=-1)
+
+
+def attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, scale: float,
+    sliding_window: int | None = None,
+) -> np.ndarray:
+    """Causal grouped-query attention for n query tokens of one sequence.
+
+    q: (n, H, hd); k, v: (KV, L, hd) holding positions 0..L-1; positions: (n,) -> (n, H, hd).
+    """
+    n, H, hd = q.shape
+    KV, L, _ = k.shape
+    g = H // KV
+    qg = q.reshape(n, KV, g, hd).transpose(1, 0, 2, 3).reshape(KV, n * g, hd)
+    scores = (qg @ k.transpose(0, 2, 1)) * scale  # (KV, n*g, L)
+    keypos = np.arange(L)
+    qpos = np.repeat(positions, g)
+    masked = keypos[None, :] > qpos[:, None]
+    if sliding_window:
+        masked |= keypos[None, :] <= qpos[:, None] - sliding_window
+    scores[:, masked] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = p @ v  # (KV, n*g, hd)
+    return out.reshape(KV, n, g, hd).transpose(1, 0, 2, 3).reshape(n, H, hd)
+
+
+# ---- the model ----------------------------------------------------------------------------------
+class Linears:
+    """How a layer applies its linear weights. The default multiplies by the model's weights;
+    calibration subclasses it to compress each weight from its input before it is applied.
+
+    `prepare` is called once with the full input of each group of linears sharing it (before
+    any of them runs, possibly in row chunks); `__call__` returns x @ W.T without the bias."""
+
+    def __init__(self, layers: Sequence[dict[str, np.ndarray]]):
+        self.layers = layers
+
+    def prepare(self, layer: int, modules: Sequence[str], x: np.ndarray) -> None:
+        pass
+
+    def __call__(self, layer: int, module: str, x: np.ndarray) -> np.ndarray:
+        return x @ self.layers[layer][module + ".weight"].T
+
+
+# attend(layer, q (T, H, hd), k (T, KV, hd), v (T, KV, hd)) -> (T, H * hd); RoPE already applied
+Attend = Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+class DecoderModel:
+    """Weights + forward. The KV cache and token bookkeeping belong to the engine."""
+
+    def __init__(self, args: ModelArgs, tensors: dict[str, np.ndarray]):
+        self.args = args
+        self.embed = tensors["model.embed_tokens.weight"]
+        self.pos_embed = tensors["model.embed_positions.weight"] if args.learned_positions \
+            else None
+        self.norm = tensors["model.norm.weight"]
+        self.norm_bias = tensors.get("model.norm.bias")
+        self.lm_head = tensors.get("lm_head.weight", self.embed)
+        self.lm_head_bias = tensors["lm_head.bias"] if args.lm_head_bias else None
+        self.layers = [
+            {name.split(".", 3)[3]: tensors[name] for name in layer_weight_names(args, i)}
+            for i in range(args.num_hidden_layers)
+        ]
+        inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
+                                 tensors.get("rope_freqs.weight")) if args.rotary_dim else \
+            np.zeros(0)
+        self.inv_freq = inv_freq.astype(np.float64)
+        self.attention_scale = 1.0 / math.sqrt(args.head_dim)
+        self.linears = Linears(self.layers)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight a decode step reads (not the embedding tables)."""
+        return sum(t.nbytes for layer in self.layers for t in layer.values()) + \
+            self.norm.nbytes + self.lm_head.nbytes
+
+    def rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """-> cos, sin: (T, rotary_dim / 2)."""
+        angles = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+    def embed_tokens(self, tokens: np.ndarray, positions: np.ndarray,
+                     embed: np.ndarray | None = None) -> np.ndarray:
+        """(T,) ids at (T,) positions -> (T, hidden) fp32 (embed: another token table)."""
+        x = (self.embed if embed is None else embed)[tokens].astype(np.float32)
+        if self.pos_embed is not None:
+            if positions.size and positions.max() >= self.pos_embed.shape[0]:
+                raise IndexError(f"position {int(positions.max())} beyond the "
+                                 f"{self.pos_embed.shape[0]} learned positions")
+            x += self.pos_embed[positions]
+        return x
+
+    def _norm(self, x: np.ndarray, w: dict[str, np.ndarray], name: str) -> np.ndarray:
+        if self.args.norm == "rms":
+            return rms_norm(x, w[name + ".weight"], self.args.norm_eps)
+        return layer_norm(x, w[name + ".weight"], w.get(name + ".bias"), self.args.norm_eps)
+
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        return self._norm(x, {"n.weight": self.norm, "n.bias": self.norm_bias}, "n")
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Final norm + lm_head: (R, hidden) -> (R, vocab)."""
+        out = self.final_norm(x) @ self.lm_head.T
+        if self.lm_head_bias is not None:
+            out += self.lm_head_bias
+        return out.astype(np.float32, copy=False)
+
+    def layer(self, i: int, x: np.ndarray, rope: tuple[np.ndarray, np.ndarray], attend: Attend,
+              linears: Linears | None = None) -> np.ndarray:
+        """Decoder layer i: x (T, hidden) -> (T, hidden); rope: this batch's (cos, sin)."""
+        a = self.args
+        w = self.layers[i]
+        lin = linears or self.linears
+
+        def linear(module: str, inp: np.ndarray) -> np.ndarray:
+            y = lin(i, module, inp)
+            b = w.get(module + ".bias")
+            return y if b is None else y + b
+
+        T = x.shape[0]
+        H, KV, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        h = self._norm(x, w, "input_layernorm")
+        qkv = [f"self_attn.{n}_proj" for n in "qkv"]
+        lin.prepare(i, qkv, h)
+        cos, sin = rope
+        q = apply_rope(linear(qkv[0], h).reshape(T, H, hd), cos, sin)
+        k = apply_rope(linear(qkv[1], h).reshape(T, KV, hd), cos, sin)
+        v = linear(qkv[2], h).reshape(T, KV, hd)
+        att = attend(i, q, k, v)
+        del q, k, v
+        lin.prepare(i, ["self_attn.o_proj"], att)
+        att = linear("self_attn.o_proj", att)
+        if a.residual == "sequential":
+            x = x + att
+            del att
+            h = self._norm(x, w, "post_attention_layernorm")
+            return x + self._mlp(i, h, lin, linear)
+        if a.residual == "parallel_two_norms":
+            h = self._norm(x, w, "post_attention_layernorm")
+        return x + att + self._mlp(i, h, lin, linear)
+
+    def _mlp(self, i: int, h: np.ndarray, lin: Linears,
+             linear: Callable[[str, np.ndarray], np.ndarray]) -> np.ndarray:
+        a = self.args
+        act_fn = ACTIVATION_FNS[a.activation]
+        first = ["mlp.gate_proj", "mlp.up_proj"] if a.mlp == "gated" else ["mlp.up_proj"]
+        lin.prepare(i, first, h)
+        act = np.empty((h.shape[0], a.intermediate_size), dtype=np.float32)
+        for r in range(0, h.shape[0], ROW_CHUNK):
+            hr = h[r:r + ROW_CHUNK]
+            if a.mlp == "gated":
+                act[r:r + ROW_CHUNK] = act_fn(linear("mlp.gate_proj", hr)) * \
+                    linear("mlp.up_proj", hr)
+            else:
+                act[r:r + ROW_CHUNK] = act_fn(linear("mlp.up_proj", hr))
+        lin.prepare(i, ["mlp.down_proj"], act)
+        out = np.empty_like(h)
+        for r in range(0, h.shape[0], ROW_CHUNK):
+            out[r:r + ROW_CHUNK] = linear("mlp.down_proj", act[r:r + ROW_CHUNK])
+        return out
+
+    def forward(
+        self,
+        tokens: np.ndarray,
+        slots: np.ndarray,
+        positions: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        logit_rows: np.ndarray,
+    ) -> np.ndarray:
+        """Run a flat batch of T tokens through the model.
+
+        tokens, slots, positions: (T,) int; token t sits at `positions[t]` of the sequence in
+        cache slot `slots[t]`; tokens of one slot are contiguous and in position order.
+        k_cache, v_cache: (layers, slots, kv_heads, capacity, head_dim), written in place.
+        logit_rows: indices into the T tokens whose logits are returned -> (len(logit_rows), vocab).
+        """
+        a = self.args
+        T = tokens.shape[0]
+        runs = _slot_runs(slots)
+
+        def attend(li: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            k_cache[li, slots, :, positions] = k
+            v_cache[li, slots, :, positions] = v
+            out = np.empty(q.shape, dtype=np.float32)
+            for slot, start, stop in runs:
+                end = positions[stop - 1] + 1
+                out[start:stop] = attention(
+                    q[start:stop], k_cache[li, slot, :, :end], v_cache[li, slot, :, :end],
+                    positions[start:stop], self.attention_scale, a.sliding_window,
+                )
+            return out.reshape(T, -1)
+
+        rope = self.rope_tables(positions)
+        x = self.embed_tokens(tokens, positions)
+        for li in range(a.num_hidden_layers):
+            x = self.layer(li, x, rope, attend)
+        return self.logits(x[logit_rows])
+
+
+def _slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
+    """Contiguous runs of equal slot ids -> [(slot, start, stop)]."""
+    edges = np.flatnonzero(np.diff(slots)) + 1
+    starts = np.concatenate([[0], edges])
+    stops = np.concatenate([edges, [len(slots)]])
+    return [(int(slots[s]), int(s), int(e)) for s, e in zip(starts, stops, strict=True)]
