@@ -161,6 +161,9 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_isa", &set_isa, py::arg("name"), "Kernel ISA: 'scalar', 'avx2' or 'auto'");
   m.def("get_num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, py::arg("n"), "OpenMP threads (<= 0: all cores)");
+  m.def("get_gemv_max_tokens", &gemv_max_tokens);
+  m.def("set_gemv_max_tokens", &set_gemv_max_tokens, py::arg("n"),
+        "Largest T served by the multi-token GEMV (above: decoded-panel GEMM); for measurements");
 
   py::class_<PyWeight>(m, "NativeWeight")
       .def(py::init(&make_weight), py::arg("fmt"), py::arg("rows"), py::arg("cols"),

@@ -2,6 +2,9 @@
 #pragma once
 #include <immintrin.h>
 
+#include "common.h"
+#include "tiles.h"
+
 namespace sl::avx2 {
 
 inline float hsum(__m256 v) {
@@ -25,6 +28,35 @@ inline int32_t hsum_i32(__m256i v) {
 inline __m256i dot_i8(__m256i acc, __m256i w, __m256i x) {
   const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+// Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):
+// y[t, r] = row_scale(r) * dot(W[r], x[t]). Memory-bound at T == 1: one pass over the row, four
+// accumulators per token (32 columns per step) to cover the FMA latency; 2 tokens per tile
+// (8 accumulators + 4 weight vectors), the row is re-read from L1 for the next tiles.
+template <typename Load8, typename RowScale>
+inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
+                            int64_t r1, Load8 load8, RowScale row_scale) {
+  const int64_t kp = w.kp;
+  for_rows_and_tiles<2>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const int64_t base = r * kp;
+    const float* x = a.x + t0 * kp;
+    __m256 s[NT][4];
+    for (int t = 0; t < NT; ++t)
+      for (int i = 0; i < 4; ++i) s[t][i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kp; k += 32) {
+      __m256 wv[4];
+      for (int i = 0; i < 4; ++i) wv[i] = load8(base + k + 8 * i);
+      for (int t = 0; t < NT; ++t)
+        for (int i = 0; i < 4; ++i)
+          s[t][i] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + t * kp + k + 8 * i), s[t][i]);
+    }
+    const float sc = row_scale(r);
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] =
+          hsum(_mm256_add_ps(_mm256_add_ps(s[t][0], s[t][1]), _mm256_add_ps(s[t][2], s[t][3]))) * sc;
+  });
 }
 
 }  // namespace sl::avx2

@@ -1,0 +1,34 @@
+// Token tiling shared by every GEMV kernel (scalar and AVX2): rows outer, tokens inner.
+//
+// A kernel provides row(Nt<NT>, r, t0): one weight row r against tokens [t0, t0 + NT), with NT
+// separate accumulator sets in registers. for_rows_and_tiles walks each row once per tile of at
+// most MaxNT tokens, so the row's packed bytes come from DRAM once and stay in L1 for the next
+// tiles. A token's arithmetic is the same in every NT instantiation (its own accumulators, the
+// same column order), which is what makes batched results bitwise equal to T == 1 results.
+// MaxNT is per kernel: as many tokens as its accumulators fit in the 16 ymm registers.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace sl {
+
+template <int N>
+using Nt = std::integral_constant<int, N>;
+
+template <int MaxNT, class Row>
+inline void run_tile(int64_t n, Row& row, int64_t r, int64_t t0) {
+  if constexpr (MaxNT > 1) {
+    if (n < MaxNT) return run_tile<MaxNT - 1>(n, row, r, t0);
+  }
+  row(Nt<MaxNT>{}, r, t0);
+}
+
+template <int MaxNT, class Row>
+inline void for_rows_and_tiles(int64_t r0, int64_t r1, int64_t T, Row&& row) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t t0 = 0; t0 < T; t0 += MaxNT)
+      run_tile<MaxNT>(T - t0 < MaxNT ? T - t0 : MaxNT, row, r, t0);
+}
+
+}  // namespace sl
