@@ -48,9 +48,9 @@ void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int8_t* W = static_cast<const int8_t*>(w.data);
   const int64_t kp = w.kp;
-  const __m256i ones = _mm256_set1_epi16(1);
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
+    const __m256i ones = _mm256_set1_epi16(1);
     const int8_t* row = W + r * kp;
     const int8_t* xq = a.xq + t0 * kp;
     __m256i acc[NT][2];

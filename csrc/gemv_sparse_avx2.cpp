@@ -116,9 +116,9 @@ void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int8_t* V = static_cast<const int8_t*>(w.data);
   const int64_t kp = w.kp;
-  const __m256i ones = _mm256_set1_epi16(1);
   for_rows_and_tiles<8>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
+    const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const int8_t* v = V + w.row_off[r];
     const int8_t* xq = a.xq + t0 * kp;
@@ -145,10 +145,10 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
   const int64_t kp = w.kp, ng = kp / w.group, chunks_per_group = w.group / 8;
-  const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
   // 3 tokens per tile: 3 x (acc, ga, gb) + the two expanded weight vectors.
   for_rows_and_tiles<3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
+    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
     int64_t p = 0;  // nibble index into this row's packed values
@@ -198,10 +198,10 @@ void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_
                    int64_t r1) {
   const int8_t* V = static_cast<const int8_t*>(w.data);
   const int64_t kp = w.kp, nb = kp / 64;
-  const __m256i ones = _mm256_set1_epi16(1);
   // Per block the control and the weights are made once; each token gathers its own x.
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
+    const __m256i ones = _mm256_set1_epi16(1);
     const int8_t* v = V + r * (kp / 2);
     const uint64_t* meta = w.meta + r * nb;
     __m256i acc[NT][2];

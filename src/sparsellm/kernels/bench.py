@@ -20,7 +20,7 @@ import numpy as np
 
 from . import get_num_threads, pack, set_isa, set_num_threads
 from ._ext import native
-from .formats import FORMATS, parse_format
+from .formats import FORMATS, dense_twin, parse_format
 
 # SmolLM2-135M: (out, in) of q/o, k/v, gate/up, down, lm_head; and how often each runs per token
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -169,12 +169,8 @@ def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, fl
             if p.spec.kind.startswith(("sparse", "2:4")):
                 from .reference import dequantize
                 masks[name] = dequantize(p) != 0
-    head_fmt = {"sparse_": "", "2:4_": ""}
-    dense = fmt
-    for prefix in head_fmt:
-        dense = dense.removeprefix(prefix)
     formats = dict.fromkeys(linear_weight_names(args), fmt)
-    formats["lm_head.weight"] = dense
+    formats["lm_head.weight"] = dense_twin(fmt)
     model = NativeLlamaModel(args, tensors, formats, masks=masks, max_tokens=prompt)
     cache = (1, 1, 3, prompt + steps + 1, 64)
     k, v = np.zeros((30, *cache[1:]), np.float32), np.zeros((30, *cache[1:]), np.float32)
