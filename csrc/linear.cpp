@@ -35,11 +35,19 @@ static GemvFn pick_gemv(const Weight& w) {
   throw std::logic_error("unknown weight format");
 }
 
-// Measured with kernels/bench.py --tokens on SmolLM2-135M shapes (2 AVX2 cores): see
-// set_gemv_max_tokens in linear.h. An int, not a constant, so benchmarks can move it.
-static int64_t g_gemv_max_tokens = 8;
-int64_t gemv_max_tokens() { return g_gemv_max_tokens; }
-void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(1, n); }
+// Crossovers measured with `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64` on
+// SmolLM2-135M shapes, 2 AVX2 threads (noisy shared machine, ratios GEMV time / GEMM time):
+// fp32 activations: GEMV wins up to T = 8 (fp32 0.5-0.7, int8 0.8-0.9), the GEMM above
+// (1.2-2x at T = 16). Int8 activations: the integer GEMV matches or beats the fp32 GEMM up to
+// T = 32 (int8_a8 0.95, int4_g32_a8 0.97, sparse_int8_a8 0.41 at T = 32; int4_g32_a8 2x slower
+// at 64), so W8A8 batched decode and verification of up to 32 tokens stay int32-exact.
+constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI8 = 32;
+static int64_t g_gemv_max_tokens = 0;  // 0: the per-activation-type defaults above
+int64_t gemv_max_tokens(const Weight& w) {
+  if (g_gemv_max_tokens > 0) return g_gemv_max_tokens;
+  return w.act_int8 ? kGemvMaxTokensI8 : kGemvMaxTokensF32;
+}
+void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
 void LinearScratch::reserve(int64_t T, int64_t kp) {
   auto grow = [](auto& v, size_t n) {
@@ -48,7 +56,7 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(xpad, size_t(T * kp));
   grow(xq, size_t(T * kp));
   grow(xscale, size_t(T));
-  grow(gsum, size_t(kMaxMulti * std::min(T, gemv_max_tokens()) * kp / 32));
+  grow(gsum, size_t(kMaxMulti * T * kp / 32));
   grow(panel, size_t(omp_get_max_threads() * kPanelRows * kp));
 }
 
@@ -156,7 +164,7 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
 
 void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
             LinearScratch& s) {
-  if (T <= gemv_max_tokens()) {
+  if (T <= gemv_max_tokens(w)) {
     const Weight* ws[1] = {&w};
     float* ys[1] = {y};
     gemv_multi(ws, ys, &ldy, 1, x, T, ldx, s);
@@ -170,14 +178,15 @@ void linear_multi(const Weight* const* ws, float* const* ys, int n, const float*
                   int64_t ldx, LinearScratch& s) {
   if (n < 1 || n > kMaxMulti) throw std::invalid_argument("linear_multi: 1..4 weights");
   bool same_kp = true;
-  int64_t ldys[kMaxMulti];
+  int64_t ldys[kMaxMulti], limit = gemv_max_tokens(*ws[0]);
   for (int i = 0; i < n; ++i) {
+    limit = std::min(limit, gemv_max_tokens(*ws[i]));
     if (ws[i]->cols != ws[0]->cols)
       throw std::invalid_argument("linear_multi: input widths differ");
     same_kp &= ws[i]->kp == ws[0]->kp;  // differs only for mixed int4 group sizes
     ldys[i] = ws[i]->rows;
   }
-  if (T <= gemv_max_tokens() && same_kp) {
+  if (T <= limit && same_kp) {
     gemv_multi(ws, ys, ldys, n, x, T, ldx, s);
     return;
   }

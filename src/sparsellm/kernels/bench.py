@@ -128,19 +128,18 @@ def compare_paths(formats: list[str], tokens: list[int], threads: int) -> None:
     print(f"\nthreads={threads}: ms per model step (all linear layers), GEMV path / GEMM path "
           "(ratio > 1: GEMM faster)")
     print(f"{'format':<16}" + "".join(f"{'T=' + str(t):>20}" for t in tokens))
-    limit = native().get_gemv_max_tokens()
     try:
         for fmt in formats:
             cells = []
             for t in tokens:
-                native().set_gemv_max_tokens(max(t, 1))
+                native().set_gemv_max_tokens(t)
                 g = model_step_seconds(fmt, t)
-                native().set_gemv_max_tokens(1 if t > 1 else 0)
+                native().set_gemv_max_tokens(1)
                 p = model_step_seconds(fmt, t) if t > 1 else g
                 cells.append(f"{g * 1e3:7.1f}/{p * 1e3:6.1f} {g / p:4.2f}")
             print(f"{fmt:<16}" + "".join(f"{c:>20}" for c in cells), flush=True)
     finally:
-        native().set_gemv_max_tokens(limit)
+        native().set_gemv_max_tokens(0)
 
 
 def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, float, int]:
