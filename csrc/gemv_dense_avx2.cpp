@@ -7,7 +7,8 @@
 
 namespace sl::avx2 {
 
-static inline float one(int64_t) { return 1.f; }
+// A lambda, not a function: a function pointer would be called once per row.
+constexpr auto one = [](int64_t) { return 1.f; };
 
 void gemv_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const float* W = static_cast<const float*>(w.data);
