@@ -74,7 +74,8 @@ def main_and_draft(tiny_model_dir):
 
 def _run(checkpoint, prompts, config, draft=None, k=4, batch=4, weights=None):
     engine = Engine(checkpoint, sequence_length=256, max_sequences=batch, weights=weights)
-    draft_engine = Engine(draft, sequence_length=256, max_sequences=batch) if draft else None
+    draft_engine = Engine(draft, sequence_length=256, max_sequences=batch,
+                          weights=weights) if draft else None
     gen = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids,
                          draft=draft_engine, num_speculative_tokens=k)
     reqs = [GenerationRequest(checkpoint.tokenizer.encode(p), config) for p in prompts]
