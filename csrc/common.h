@@ -63,33 +63,35 @@ struct Weight {
 // a block into 32 bytes in column order. Stored q is unsigned 0..15; w = (q - z) * s with z = 8
 // for symmetric groups.
 
-// Per-token activation view handed to GEMV kernels (all arrays padded to kp).
-struct Act {
-  const float* x = nullptr;    // (kp,) fp32, zero padded
-  const int8_t* xq = nullptr;  // (kp,) int8 for act_int8 formats
-  float xscale = 0.f;          // x ~= xq * xscale
-  const float* gsum = nullptr; // (kp/G,) sum of x (or of xq for W4A8) over each int4 group
+// Activations of a small batch of T tokens handed to the kernels. Every row is padded to kp
+// (zeros), so row t of x / xq starts at t * kp; one kernel call multiplies each weight row it
+// owns with all T tokens, reading the packed row from DRAM once (decode: T == 1; batched decode
+// and speculative verification: a few tokens).
+struct Acts {
+  int64_t T = 1;
+  int64_t kp = 0;                 // row stride of x and xq
+  const float* x = nullptr;       // (T, kp) fp32
+  const int8_t* xq = nullptr;     // (T, kp) int8, act_int8 formats only
+  const float* xscale = nullptr;  // (T,) x[t] ~= xq[t] * xscale[t]
+  const float* gsum = nullptr;    // (T, kp/group) I4 only: per-group sums of x (xq for W4A8)
 };
 
 // ---------------------------------------------------------------------------------------------
-// Kernel entry points. gemv_*: y[r] = dot(W[r], x) for r in [r0, r1) (single token).
+// Kernel entry points. gemv_*: y[t * ldy + r] = dot(W[r], x[t]) for rows r in [r0, r1) and all
+// T tokens. Each token's result is bitwise the same whatever T and whichever other tokens share
+// the call: every kernel walks a row in one fixed order and keeps separate accumulators per token
+// (tiles.h), so batching sequences or verifying drafted tokens never changes a logit.
 // decode_rows: dequantize rows [r0, r1) into out (r1-r0, kp) fp32 (GEMM panels); portable,
 // in gemv_sparse.cpp next to the bitmask / 2:4 walkers it shares; its cost is amortized over T.
 // ---------------------------------------------------------------------------------------------
+#define SL_GEMV_KERNELS(X) \
+  X(f32) X(f16) X(bf16) X(i8) X(i8a8) X(i4) X(i4a8) X(sp_f32) X(sp_i8) X(sp_i8a8) X(sp_i4) \
+  X(s24_i8) X(s24_i8a8)
+#define SL_DECLARE_GEMV(name) \
+  void gemv_##name(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
 namespace scalar {
-void gemv_f32(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_f16(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_bf16(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_i4a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_sp_f32(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_sp_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_sp_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_sp_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_s24_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_s24_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
+SL_GEMV_KERNELS(SL_DECLARE_GEMV)
 void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out);
 // Y[t, r] = dot(W[r], X[t]) for a panel of nr rows and T tokens.
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
@@ -98,19 +100,7 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 }  // namespace scalar
 
 namespace avx2 {
-void gemv_f32(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_f16(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_bf16(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_i4a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_sp_f32(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_sp_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_sp_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_sp_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_s24_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
-void gemv_s24_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1);
+SL_GEMV_KERNELS(SL_DECLARE_GEMV)
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
                 int64_t k, float* Y, int64_t ldy);
 void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);

@@ -1,40 +1,41 @@
 // Dense fp32 / fp16 / bf16 GEMV, portable scalar reference. Weights are row-major (rows, kp);
-// every product is accumulated in fp32 whatever the storage type.
+// every product is accumulated in fp32 whatever the storage type. Token tiling: tiles.h.
 #include "common.h"
+#include "tiles.h"
 
 namespace sl::scalar {
 
 template <typename Load>
-static void gemv_rows(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1,
-                      Load load) {
+static void gemv_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
+                      int64_t r1, Load load) {
   const int64_t kp = w.kp;
-  for (int64_t r = r0; r < r1; ++r) {
-    // Four partial sums: shorter dependency chains, and the same association order class as
-    // the SIMD kernels (results agree to float rounding, not bit for bit).
-    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-    for (int64_t k = 0; k < kp; k += 4) {
-      s0 += load(r * kp + k + 0) * a.x[k + 0];
-      s1 += load(r * kp + k + 1) * a.x[k + 1];
-      s2 += load(r * kp + k + 2) * a.x[k + 2];
-      s3 += load(r * kp + k + 3) * a.x[k + 3];
-    }
-    y[r] = (s0 + s1) + (s2 + s3);
-  }
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    // Four partial sums per token: shorter dependency chains, and the same association order
+    // class as the SIMD kernels (results agree to float rounding, not bit for bit).
+    float s[NT][4] = {};
+    for (int64_t k = 0; k < kp; k += 4)
+      for (int i = 0; i < 4; ++i) {
+        const float wv = load(r * kp + k + i);
+        for (int t = 0; t < NT; ++t) s[t][i] += wv * a.x[(t0 + t) * kp + k + i];
+      }
+    for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = (s[t][0] + s[t][1]) + (s[t][2] + s[t][3]);
+  });
 }
 
-void gemv_f32(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const float* W = static_cast<const float*>(w.data);
-  gemv_rows(w, a, y, r0, r1, [W](int64_t i) { return W[i]; });
+  gemv_rows(w, a, y, ldy, r0, r1, [W](int64_t i) { return W[i]; });
 }
 
-void gemv_f16(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_f16(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint16_t* W = static_cast<const uint16_t*>(w.data);
-  gemv_rows(w, a, y, r0, r1, [W](int64_t i) { return half_to_float(W[i]); });
+  gemv_rows(w, a, y, ldy, r0, r1, [W](int64_t i) { return half_to_float(W[i]); });
 }
 
-void gemv_bf16(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_bf16(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint16_t* W = static_cast<const uint16_t*>(w.data);
-  gemv_rows(w, a, y, r0, r1, [W](int64_t i) { return bf16_to_float(W[i]); });
+  gemv_rows(w, a, y, ldy, r0, r1, [W](int64_t i) { return bf16_to_float(W[i]); });
 }
 
 }  // namespace sl::scalar

@@ -10,66 +10,96 @@ namespace sl::avx2 {
 
 static inline __m256 u8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 
-void gemv_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+// sum_g s_g * z_g * gsum_g of row r for one token: the zero-point term, 8 groups per step
+// (per group in scalar code it cost as much as the group's 32 weights).
+static inline float zero_point_term(const Weight& w, int64_t r, const float* gsum) {
+  const int64_t ng = w.kp / w.group;
+  const float* s = w.scale + r * ng;
+  const uint8_t* z = w.zero + r * ng;
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= ng; g += 8) {
+    const __m256 zv = w.asym ? u8x8_to_f32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(z + g)))
+                             : _mm256_set1_ps(8.f);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(s + g), zv), _mm256_loadu_ps(gsum + g), acc);
+  }
+  float c = hsum(acc);
+  for (; g < ng; ++g) c += s[g] * (w.asym ? float(z[g]) : 8.f) * gsum[g];
+  return c;
+}
+
+void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* W = static_cast<const uint8_t*>(w.data);
-  const int64_t ng = w.kp / w.group, bpg = w.group / 32;
-  const __m128i low4 = _mm_set1_epi8(0x0f);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = W + r * (w.kp / 2);
+  const int64_t kp = w.kp, ng = kp / w.group, bpg = w.group / 32;
+  // 3 tokens per tile: 3 x (acc, g0, g1) + the block's 4 widened weight vectors.
+  for_rows_and_tiles<3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const uint8_t* row = W + r * (kp / 2);
     const float* sc = w.scale + r * ng;
-    __m256 acc = _mm256_setzero_ps();
-    float corr = 0.f;  // sum_g s_g * z_g * gsum_g
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; ++g) {
-      __m256 g0 = _mm256_setzero_ps(), g1 = g0;
+      __m256 g0[NT], g1[NT];
+      for (int t = 0; t < NT; ++t) g0[t] = g1[t] = _mm256_setzero_ps();
       for (int64_t b = 0; b < bpg; ++b) {
         const int64_t blk = g * bpg + b;
         const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + blk * 16));
         const __m128i lo = _mm_and_si128(raw, low4);                     // columns 0..15
         const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);  // columns 16..31
-        const float* x = a.x + blk * 32;
-        g0 = _mm256_fmadd_ps(u8x8_to_f32(lo), _mm256_loadu_ps(x), g0);
-        g1 = _mm256_fmadd_ps(u8x8_to_f32(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), g1);
-        g0 = _mm256_fmadd_ps(u8x8_to_f32(hi), _mm256_loadu_ps(x + 16), g0);
-        g1 = _mm256_fmadd_ps(u8x8_to_f32(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), g1);
+        const __m256 q[4] = {u8x8_to_f32(lo), u8x8_to_f32(_mm_srli_si128(lo, 8)),
+                             u8x8_to_f32(hi), u8x8_to_f32(_mm_srli_si128(hi, 8))};
+        for (int t = 0; t < NT; ++t) {
+          const float* x = a.x + (t0 + t) * kp + blk * 32;
+          g0[t] = _mm256_fmadd_ps(q[0], _mm256_loadu_ps(x), g0[t]);
+          g1[t] = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x + 8), g1[t]);
+          g0[t] = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + 16), g0[t]);
+          g1[t] = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24), g1[t]);
+        }
       }
-      const float s = sc[g];
-      acc = _mm256_fmadd_ps(_mm256_add_ps(g0, g1), _mm256_set1_ps(s), acc);
-      const float z = w.asym ? float(w.zero[r * ng + g]) : 8.f;
-      corr += s * z * a.gsum[g];
+      const __m256 s = _mm256_set1_ps(sc[g]);
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_add_ps(g0[t], g1[t]), s, acc[t]);
     }
-    y[r] = hsum(acc) - corr;
-  }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = hsum(acc[t]) - zero_point_term(w, r, a.gsum + (t0 + t) * ng);
+  });
 }
 
 // W4A8: unsigned nibbles x signed int8 activations is exactly what maddubs multiplies
 // (pair sums <= 2*15*127, no saturation): ~10 instructions per 32 weights instead of ~18.
-void gemv_i4a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+// The nibbles of a block are unpacked once for all tokens of the tile.
+void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* W = static_cast<const uint8_t*>(w.data);
-  const int64_t ng = w.kp / w.group, bpg = w.group / 32;
-  const __m128i low4 = _mm_set1_epi8(0x0f);
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = W + r * (w.kp / 2);
+  const int64_t kp = w.kp, ng = kp / w.group, bpg = w.group / 32;
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t* row = W + r * (kp / 2);
     const float* sc = w.scale + r * ng;
-    __m256 acc = _mm256_setzero_ps();
-    float corr = 0.f;
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; ++g) {
-      __m256i gi = _mm256_setzero_si256();
+      __m256i gi[NT];
+      for (int t = 0; t < NT; ++t) gi[t] = _mm256_setzero_si256();
       for (int64_t b = 0; b < bpg; ++b) {
         const int64_t blk = g * bpg + b;
         const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + blk * 16));
         const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4),
                                            _mm_and_si128(raw, low4));
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + blk * 32));
-        gi = _mm256_add_epi32(gi, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones));
+        for (int t = 0; t < NT; ++t) {
+          const __m256i x = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(a.xq + (t0 + t) * kp + blk * 32));
+          gi[t] = _mm256_add_epi32(gi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones));
+        }
       }
-      const float s = sc[g];
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi), _mm256_set1_ps(s), acc);
-      const float z = w.asym ? float(w.zero[r * ng + g]) : 8.f;
-      corr += s * z * a.gsum[g];
+      const __m256 s = _mm256_set1_ps(sc[g]);
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi[t]), s, acc[t]);
     }
-    y[r] = (hsum(acc) - corr) * a.xscale;
-  }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] =
+          (hsum(acc[t]) - zero_point_term(w, r, a.gsum + (t0 + t) * ng)) * a.xscale[t0 + t];
+  });
 }
 
 }  // namespace sl::avx2

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common.h"
+#include "tiles.h"
 
 namespace sl::scalar {
 
@@ -22,29 +23,33 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
   *scale = amax / 127.0f;
 }
 
-void gemv_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int8_t* W = static_cast<const int8_t*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    const int8_t* row = W + r * w.kp;
-    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-    for (int64_t k = 0; k < w.kp; k += 4) {
-      s0 += float(row[k + 0]) * a.x[k + 0];
-      s1 += float(row[k + 1]) * a.x[k + 1];
-      s2 += float(row[k + 2]) * a.x[k + 2];
-      s3 += float(row[k + 3]) * a.x[k + 3];
-    }
-    y[r] = ((s0 + s1) + (s2 + s3)) * w.scale[r];
-  }
+  const int64_t kp = w.kp;
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const int8_t* row = W + r * kp;
+    float s[NT][4] = {};
+    for (int64_t k = 0; k < kp; k += 4)
+      for (int i = 0; i < 4; ++i)
+        for (int t = 0; t < NT; ++t) s[t][i] += float(row[k + i]) * a.x[(t0 + t) * kp + k + i];
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = ((s[t][0] + s[t][1]) + (s[t][2] + s[t][3])) * w.scale[r];
+  });
 }
 
-void gemv_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int8_t* W = static_cast<const int8_t*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    const int8_t* row = W + r * w.kp;
-    int32_t acc = 0;
-    for (int64_t k = 0; k < w.kp; ++k) acc += int32_t(row[k]) * int32_t(a.xq[k]);
-    y[r] = float(acc) * (a.xscale * w.scale[r]);
-  }
+  const int64_t kp = w.kp;
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const int8_t* row = W + r * kp;
+    int32_t acc[NT] = {};
+    for (int64_t k = 0; k < kp; ++k)
+      for (int t = 0; t < NT; ++t) acc[t] += int32_t(row[k]) * int32_t(a.xq[(t0 + t) * kp + k]);
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = float(acc[t]) * (a.xscale[t0 + t] * w.scale[r]);
+  });
 }
 
 }  // namespace sl::scalar

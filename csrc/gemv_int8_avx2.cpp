@@ -36,38 +36,43 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
   *scale = amax / 127.0f;
 }
 
-static inline __m256 load8_i8_as_f32(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int8_t* W = static_cast<const int8_t*>(w.data);
+  gemv_float_rows(w, a, y, ldy, r0, r1, [W](int64_t i) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(W + i))));
+  }, [&w](int64_t r) { return w.scale[r]; });
 }
 
-void gemv_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+// W8A8: per 64 columns the two weight vectors and their absolute values are made once, then
+// each token of the tile costs 2 x (sign, maddubs, madd, add); 2 int32 accumulators per token.
+void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int8_t* W = static_cast<const int8_t*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    const int8_t* row = W + r * w.kp;
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (int64_t k = 0; k < w.kp; k += 32) {
-      s0 = _mm256_fmadd_ps(load8_i8_as_f32(row + k + 0), _mm256_loadu_ps(a.x + k + 0), s0);
-      s1 = _mm256_fmadd_ps(load8_i8_as_f32(row + k + 8), _mm256_loadu_ps(a.x + k + 8), s1);
-      s2 = _mm256_fmadd_ps(load8_i8_as_f32(row + k + 16), _mm256_loadu_ps(a.x + k + 16), s2);
-      s3 = _mm256_fmadd_ps(load8_i8_as_f32(row + k + 24), _mm256_loadu_ps(a.x + k + 24), s3);
+  const int64_t kp = w.kp;
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t* row = W + r * kp;
+    const int8_t* xq = a.xq + t0 * kp;
+    __m256i acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < kp; k += 64) {
+      __m256i wv[2], wa[2];
+      for (int i = 0; i < 2; ++i) {
+        wv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k + 32 * i));
+        wa[i] = _mm256_sign_epi8(wv[i], wv[i]);
+      }
+      for (int t = 0; t < NT; ++t)
+        for (int i = 0; i < 2; ++i) {
+          const __m256i x =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kp + k + 32 * i));
+          const __m256i p16 = _mm256_maddubs_epi16(wa[i], _mm256_sign_epi8(x, wv[i]));
+          acc[t][i] = _mm256_add_epi32(acc[t][i], _mm256_madd_epi16(p16, ones));
+        }
     }
-    y[r] = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))) * w.scale[r];
-  }
-}
-
-void gemv_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
-  const int8_t* W = static_cast<const int8_t*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    const int8_t* row = W + r * w.kp;
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0;
-    for (int64_t k = 0; k < w.kp; k += 64) {
-      acc0 = dot_i8(acc0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)),
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + k)));
-      acc1 = dot_i8(acc1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k + 32)),
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + k + 32)));
-    }
-    y[r] = float(hsum_i32(_mm256_add_epi32(acc0, acc1))) * (a.xscale * w.scale[r]);
-  }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = float(hsum_i32(_mm256_add_epi32(acc[t][0], acc[t][1]))) *
+                              (a.xscale[t0 + t] * w.scale[r]);
+  });
 }
 
 }  // namespace sl::avx2

@@ -15,6 +15,7 @@
 //   16c + 4*(b/2) + sel, sel = (meta >> (8b + 2s)) & 3.
 
 #include "common.h"
+#include "tiles.h"
 
 namespace sl::scalar {
 
@@ -27,34 +28,37 @@ static inline void walk_bitmask_row(const uint8_t* mrow, int64_t kp, const V* va
     for (uint32_t m = mrow[b]; m; m &= m - 1) f(8 * b + __builtin_ctz(m), vals[p++]);
 }
 
-void gemv_sp_f32(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
-  const float* V = static_cast<const float*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    float acc = 0.f;
-    walk_bitmask_row(w.mask + r * (w.kp / 8), w.kp, V + w.row_off[r],
-                     [&](int64_t k, float v) { acc += v * a.x[k]; });
-    y[r] = acc;
-  }
+// Bitmask rows with per-row scale: V is float or int8_t, Acc float (fp32 activations) or int32_t
+// (W8A8, exact integer dot); one walk of the row feeds every token of the tile.
+template <typename V, typename Acc, typename X>
+static void gemv_bitmask(const Weight& w, const Acts& a, const X* xs, float* y, int64_t ldy,
+                         int64_t r0, int64_t r1) {
+  const V* vals = static_cast<const V*>(w.data);
+  const int64_t kp = w.kp;
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    Acc acc[NT] = {};
+    walk_bitmask_row(w.mask + r * (kp / 8), kp, vals + w.row_off[r], [&](int64_t k, V v) {
+      for (int t = 0; t < NT; ++t) acc[t] += Acc(v) * Acc(xs[(t0 + t) * kp + k]);
+    });
+    for (int t = 0; t < NT; ++t) {
+      const float s = w.fmt == Fmt::SP_F32 ? 1.f : w.scale[r];
+      y[(t0 + t) * ldy + r] = w.act_int8 ? float(acc[t]) * (a.xscale[t0 + t] * s)
+                                         : float(acc[t]) * s;
+    }
+  });
 }
 
-void gemv_sp_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
-  const int8_t* V = static_cast<const int8_t*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    float acc = 0.f;
-    walk_bitmask_row(w.mask + r * (w.kp / 8), w.kp, V + w.row_off[r],
-                     [&](int64_t k, int8_t v) { acc += float(v) * a.x[k]; });
-    y[r] = acc * w.scale[r];
-  }
+void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  gemv_bitmask<float, float>(w, a, a.x, y, ldy, r0, r1);
 }
 
-void gemv_sp_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
-  const int8_t* V = static_cast<const int8_t*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    int32_t acc = 0;
-    walk_bitmask_row(w.mask + r * (w.kp / 8), w.kp, V + w.row_off[r],
-                     [&](int64_t k, int8_t v) { acc += int32_t(v) * int32_t(a.xq[k]); });
-    y[r] = float(acc) * (a.xscale * w.scale[r]);
-  }
+void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  gemv_bitmask<int8_t, float>(w, a, a.x, y, ldy, r0, r1);
+}
+
+void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  gemv_bitmask<int8_t, int32_t>(w, a, a.xq, y, ldy, r0, r1);
 }
 
 static inline int32_t nibble_at(const uint8_t* bytes, int64_t i) {
@@ -62,23 +66,26 @@ static inline int32_t nibble_at(const uint8_t* bytes, int64_t i) {
   return (n ^ 8) - 8;  // sign-extend the two's complement nibble
 }
 
-void gemv_sp_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
-  const int64_t ng = w.kp / w.group;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* mrow = w.mask + r * (w.kp / 8);
+  const int64_t kp = w.kp, ng = kp / w.group;
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const uint8_t* mrow = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
     int64_t p = 0;
-    float acc = 0.f;
+    float acc[NT] = {};
     for (int64_t g = 0; g < ng; ++g) {
-      float dot = 0.f;
+      float dot[NT] = {};
       for (int64_t b = g * w.group / 8; b < (g + 1) * w.group / 8; ++b)
-        for (uint32_t m = mrow[b]; m; m &= m - 1)
-          dot += float(nibble_at(vals, p++)) * a.x[8 * b + __builtin_ctz(m)];
-      acc += dot * w.scale[r * ng + g];
+        for (uint32_t m = mrow[b]; m; m &= m - 1) {
+          const float v = float(nibble_at(vals, p++));
+          for (int t = 0; t < NT; ++t) dot[t] += v * a.x[(t0 + t) * kp + 8 * b + __builtin_ctz(m)];
+        }
+      for (int t = 0; t < NT; ++t) acc[t] += dot[t] * w.scale[r * ng + g];
     }
-    y[r] = acc;
-  }
+    for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = acc[t];
+  });
 }
 
 // Calls f(column, value_index_in_block) for the 32 kept slots of a 2:4 block.
@@ -91,33 +98,34 @@ static inline void walk_s24_block(uint64_t meta, F&& f) {
     }
 }
 
-void gemv_s24_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+// 2:4 int8 rows; X / Acc as in gemv_bitmask.
+template <typename Acc, typename X>
+static void gemv_s24(const Weight& w, const Acts& a, const X* xs, float* y, int64_t ldy,
+                     int64_t r0, int64_t r1) {
   const int8_t* V = static_cast<const int8_t*>(w.data);
-  const int64_t nb = w.kp / 64;
-  for (int64_t r = r0; r < r1; ++r) {
-    int32_t acc = 0;
+  const int64_t kp = w.kp, nb = kp / 64;
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    Acc acc[NT] = {};
     for (int64_t blk = 0; blk < nb; ++blk) {
-      const int8_t* v = V + r * (w.kp / 2) + blk * 32;
-      const int8_t* xq = a.xq + blk * 64;
-      walk_s24_block(w.meta[r * nb + blk],
-                     [&](int col, int i) { acc += int32_t(v[i]) * int32_t(xq[col]); });
+      const int8_t* v = V + r * (kp / 2) + blk * 32;
+      walk_s24_block(w.meta[r * nb + blk], [&](int col, int i) {
+        for (int t = 0; t < NT; ++t) acc[t] += Acc(v[i]) * Acc(xs[(t0 + t) * kp + blk * 64 + col]);
+      });
     }
-    y[r] = float(acc) * (a.xscale * w.scale[r]);
-  }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = w.act_int8 ? float(acc[t]) * (a.xscale[t0 + t] * w.scale[r])
+                                         : float(acc[t]) * w.scale[r];
+  });
 }
 
-void gemv_s24_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
-  const int8_t* V = static_cast<const int8_t*>(w.data);
-  const int64_t nb = w.kp / 64;
-  for (int64_t r = r0; r < r1; ++r) {
-    float acc = 0.f;
-    for (int64_t blk = 0; blk < nb; ++blk) {
-      const int8_t* v = V + r * (w.kp / 2) + blk * 32;
-      const float* x = a.x + blk * 64;
-      walk_s24_block(w.meta[r * nb + blk], [&](int col, int i) { acc += float(v[i]) * x[col]; });
-    }
-    y[r] = acc * w.scale[r];
-  }
+void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
+                   int64_t r1) {
+  gemv_s24<int32_t>(w, a, a.xq, y, ldy, r0, r1);
+}
+
+void gemv_s24_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  gemv_s24<float>(w, a, a.x, y, ldy, r0, r1);
 }
 
 // Dequantize rows [r0, r1) of any format into out (r1-r0, kp): the GEMM path decodes a panel

@@ -62,84 +62,103 @@ inline uint32_t load_u32(const uint8_t* p) {
 }
 }  // namespace
 
-void gemv_sp_f32(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
-  const float* V = static_cast<const float*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* mrow = w.mask + r * (w.kp / 8);
-    const float* v = V + w.row_off[r];
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int64_t c = 0; c < w.kp / 8; c += 4) {
+// fp32-activation bitmask rows (SP_F32, SP_I8 W8A16): expand8(v, m) makes 8 dense fp32 weights
+// from the packed values at v for mask byte m. Each expansion feeds every token of the tile;
+// 2 accumulators per token (even / odd mask bytes), 4 tokens per tile.
+template <typename V, typename Expand8, typename RowScale>
+static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy,
+                                      int64_t r0, int64_t r1, Expand8 expand8,
+                                      RowScale row_scale) {
+  const V* vals = static_cast<const V*>(w.data);
+  const int64_t kp = w.kp;
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const uint8_t* mrow = w.mask + r * (kp / 8);
+    const V* v = vals + w.row_off[r];
+    const float* x = a.x + t0 * kp;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < kp / 8; c += 4) {
       const uint32_t m4 = load_u32(mrow + c);
       for (int j = 0; j < 4; ++j) {
         const uint32_t m = (m4 >> (8 * j)) & 255;
-        const __m256 e = _mm256_and_ps(
-            _mm256_permutevar8x32_ps(_mm256_loadu_ps(v),
-                                     _mm256_load_si256(reinterpret_cast<const __m256i*>(kT.perm[m]))),
-            _mm256_load_ps(reinterpret_cast<const float*>(kT.keep[m])));
-        acc[j] = _mm256_fmadd_ps(e, _mm256_loadu_ps(a.x + 8 * (c + j)), acc[j]);
+        const __m256 e = expand8(v, m);
+        for (int t = 0; t < NT; ++t)
+          acc[t][j & 1] = _mm256_fmadd_ps(e, _mm256_loadu_ps(x + t * kp + 8 * (c + j)), acc[t][j & 1]);
         v += __builtin_popcount(m);
       }
     }
-    y[r] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  }
+    const float sc = row_scale(r);
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = hsum(_mm256_add_ps(acc[t][0], acc[t][1])) * sc;
+  });
 }
 
-void gemv_sp_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
-  const int8_t* V = static_cast<const int8_t*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* mrow = w.mask + r * (w.kp / 8);
-    const int8_t* v = V + w.row_off[r];
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int64_t c = 0; c < w.kp / 8; c += 4) {
-      const uint32_t m4 = load_u32(mrow + c);
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t m = (m4 >> (8 * j)) & 255;
-        const __m128i e = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v)),
-                                           shuf_ctrl8(m, 0));
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e)),
-                                 _mm256_loadu_ps(a.x + 8 * (c + j)), acc[j]);
-        v += __builtin_popcount(m);
-      }
-    }
-    y[r] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) *
-           w.scale[r];
-  }
+void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  bitmask_float_rows<float>(w, a, y, ldy, r0, r1, [](const float* v, uint32_t m) {
+    return _mm256_and_ps(
+        _mm256_permutevar8x32_ps(_mm256_loadu_ps(v),
+                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(kT.perm[m]))),
+        _mm256_load_ps(reinterpret_cast<const float*>(kT.keep[m])));
+  }, [](int64_t) { return 1.f; });
 }
 
-void gemv_sp_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  bitmask_float_rows<int8_t>(w, a, y, ldy, r0, r1, [](const int8_t* v, uint32_t m) {
+    const __m128i e = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v)),
+                                       shuf_ctrl8(m, 0));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
+  }, [&w](int64_t r) { return w.scale[r]; });
+}
+
+// W8A8 bitmask: 32 columns are expanded (two 16-byte shuffles) once per tile; a token then
+// costs sign + maddubs + madd + add. 8 tokens per tile, so T <= 8 expands each row once.
+void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int8_t* V = static_cast<const int8_t*>(w.data);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* mrow = w.mask + r * (w.kp / 8);
+  const int64_t kp = w.kp;
+  for_rows_and_tiles<8>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t* mrow = w.mask + r * (kp / 8);
     const int8_t* v = V + w.row_off[r];
-    __m256i acc = _mm256_setzero_si256();
-    for (int64_t c = 0; c < w.kp / 8; c += 4) {  // 32 columns per step
+    const int8_t* xq = a.xq + t0 * kp;
+    __m256i acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_si256();
+    for (int64_t c = 0; c < kp / 8; c += 4) {  // 32 columns per step
       const uint32_t m4 = load_u32(mrow + c);
       const uint32_t b0 = m4 & 255, b1 = (m4 >> 8) & 255, b2 = (m4 >> 16) & 255, b3 = m4 >> 24;
       const int n01 = __builtin_popcount(m4 & 0xffffu);
-      const __m128i lo = expand16_i8(v, b0, b1);
-      const __m128i hi = expand16_i8(v + n01, b2, b3);
+      const __m256i wv = _mm256_set_m128i(expand16_i8(v + n01, b2, b3), expand16_i8(v, b0, b1));
+      const __m256i wa = _mm256_sign_epi8(wv, wv);
       v += __builtin_popcount(m4);
-      acc = dot_i8(acc, _mm256_set_m128i(hi, lo),
-                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 8 * c)));
+      for (int t = 0; t < NT; ++t) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kp + 8 * c));
+        const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wv));
+        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p16, ones));
+      }
     }
-    y[r] = float(hsum_i32(acc)) * (a.xscale * w.scale[r]);
-  }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = float(hsum_i32(acc[t])) * (a.xscale[t0 + t] * w.scale[r]);
+  });
 }
 
-void gemv_sp_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
-  const int64_t ng = w.kp / w.group, chunks_per_group = w.group / 8;
-  const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* mrow = w.mask + r * (w.kp / 8);
+  const int64_t kp = w.kp, ng = kp / w.group, chunks_per_group = w.group / 8;
+  // 3 tokens per tile: 3 x (acc, ga, gb) + the two expanded weight vectors.
+  for_rows_and_tiles<3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    const uint8_t* mrow = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
     int64_t p = 0;  // nibble index into this row's packed values
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; ++g) {
-      __m256 ga = _mm256_setzero_ps(), gb = ga;
+      __m256 ga[NT], gb[NT];
+      for (int t = 0; t < NT; ++t) ga[t] = gb[t] = _mm256_setzero_ps();
       for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 2) {
+        __m256 f[2];
         for (int j = 0; j < 2; ++j) {
           const uint32_t m = mrow[c + j];
           // 8 bytes = 16 nibbles starting at the byte holding nibble p; widen to bytes in
@@ -149,16 +168,20 @@ void gemv_sp_i4(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1)
                                                 _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
           const __m128i sv = _mm_sub_epi8(_mm_xor_si128(nib, eight), eight);
           const __m128i e = _mm_shuffle_epi8(sv, shuf_ctrl8(m, uint32_t(p & 1)));
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
-          const __m256 xv = _mm256_loadu_ps(a.x + 8 * (c + j));
-          if (j == 0) ga = _mm256_fmadd_ps(f, xv, ga); else gb = _mm256_fmadd_ps(f, xv, gb);
+          f[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
           p += __builtin_popcount(m);
         }
+        for (int t = 0; t < NT; ++t) {
+          const float* x = a.x + (t0 + t) * kp + 8 * c;
+          ga[t] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(x), ga[t]);
+          gb[t] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(x + 8), gb[t]);
+        }
       }
-      acc = _mm256_fmadd_ps(_mm256_add_ps(ga, gb), _mm256_set1_ps(w.scale[r * ng + g]), acc);
+      const __m256 s = _mm256_set1_ps(w.scale[r * ng + g]);
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_add_ps(ga[t], gb[t]), s, acc[t]);
     }
-    y[r] = hsum(acc);
-  }
+    for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = hsum(acc[t]);
+  });
 }
 
 // 2:4: build the pshufb control for one 64-column block from its selectors (see layout notes
@@ -171,56 +194,75 @@ static inline __m256i s24_control(uint64_t meta) {
   return _mm256_add_epi8(sel, base);
 }
 
-void gemv_s24_i8a8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
+                   int64_t r1) {
   const int8_t* V = static_cast<const int8_t*>(w.data);
-  const int64_t nb = w.kp / 64;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int8_t* v = V + r * (w.kp / 2);
+  const int64_t kp = w.kp, nb = kp / 64;
+  // Per block the control and the weights are made once; each token gathers its own x.
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t* v = V + r * (kp / 2);
     const uint64_t* meta = w.meta + r * nb;
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0;
+    __m256i acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
     for (int64_t blk = 0; blk < nb; ++blk) {
       const __m256i ctrl = s24_control(meta[blk]);
-      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + blk * 64));
-      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + blk * 64 + 32));
-      // Slots 0/2 gather from chunks 0/1 (xa, low qwords), slots 1/3 from chunks 2/3 (xb, high).
-      const __m256i xg = _mm256_blend_epi32(_mm256_shuffle_epi8(xa, ctrl),
-                                            _mm256_shuffle_epi8(xb, ctrl), 0xcc);
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + blk * 32));
-      if (blk & 1) acc1 = dot_i8(acc1, wv, xg); else acc0 = dot_i8(acc0, wv, xg);
+      const __m256i wa = _mm256_sign_epi8(wv, wv);
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* xq = a.xq + (t0 + t) * kp + blk * 64;
+        const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
+        // Slots 0/2 gather from chunks 0/1 (xa, low qwords), slots 1/3 from chunks 2/3 (xb).
+        const __m256i xg = _mm256_blend_epi32(_mm256_shuffle_epi8(xa, ctrl),
+                                              _mm256_shuffle_epi8(xb, ctrl), 0xcc);
+        const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xg, wv));
+        acc[t][blk & 1] = _mm256_add_epi32(acc[t][blk & 1], _mm256_madd_epi16(p16, ones));
+      }
     }
-    y[r] = float(hsum_i32(_mm256_add_epi32(acc0, acc1))) * (a.xscale * w.scale[r]);
-  }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = float(hsum_i32(_mm256_add_epi32(acc[t][0], acc[t][1]))) *
+                              (a.xscale[t0 + t] * w.scale[r]);
+  });
 }
 
-void gemv_s24_i8(const Weight& w, const Act& a, float* y, int64_t r0, int64_t r1) {
+void gemv_s24_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   // fp32 activations: gather x per slot with vpermps (which reads only the low 3 index bits,
   // so the chunk-relative control from s24_control works for both 8-column halves).
   static constexpr int kSlotChunk[4] = {0, 2, 1, 3};
   const int8_t* V = static_cast<const int8_t*>(w.data);
-  const int64_t nb = w.kp / 64;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int8_t* v = V + r * (w.kp / 2);
+  const int64_t kp = w.kp, nb = kp / 64;
+  // 2 tokens per tile: 2 x 4 slot accumulators + the slot's index and weight vectors.
+  for_rows_and_tiles<2>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const int8_t* v = V + r * (kp / 2);
     const uint64_t* meta = w.meta + r * nb;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
+    __m256 acc[NT][4];
+    for (int t = 0; t < NT; ++t)
+      for (int s = 0; s < 4; ++s) acc[t][s] = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < nb; ++blk) {
       alignas(32) uint64_t ctrl[4];
       _mm256_store_si256(reinterpret_cast<__m256i*>(ctrl), s24_control(meta[blk]));
       for (int s = 0; s < 4; ++s) {
-        const float* x = a.x + blk * 64 + 16 * kSlotChunk[s];
         const __m256i idx = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(ctrl[s])));
-        // values b = 0..3 live in columns 0..7 of the chunk, b = 4..7 in columns 8..15
-        const __m256 xg = _mm256_blend_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(x), idx),
-                                          _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 8), idx),
-                                          0xf0);
         const __m256 wf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + blk * 32 + 8 * s))));
-        acc[s] = _mm256_fmadd_ps(wf, xg, acc[s]);
+        for (int t = 0; t < NT; ++t) {
+          const float* x = a.x + (t0 + t) * kp + blk * 64 + 16 * kSlotChunk[s];
+          // values b = 0..3 live in columns 0..7 of the chunk, b = 4..7 in columns 8..15
+          const __m256 xg = _mm256_blend_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(x), idx),
+                                            _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + 8), idx),
+                                            0xf0);
+          acc[t][s] = _mm256_fmadd_ps(wf, xg, acc[t][s]);
+        }
       }
     }
-    y[r] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) *
-           w.scale[r];
-  }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = hsum(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
+                                                 _mm256_add_ps(acc[t][2], acc[t][3]))) *
+                              w.scale[r];
+  });
 }
 
 }  // namespace sl::avx2

@@ -9,7 +9,7 @@
 
 namespace sl {
 
-using GemvFn = void (*)(const Weight&, const Act&, float*, int64_t, int64_t);
+using GemvFn = void (*)(const Weight&, const Acts&, float*, int64_t, int64_t, int64_t);
 
 static GemvFn pick_gemv(const Weight& w) {
   const bool v = use_avx2();
@@ -35,15 +35,28 @@ static GemvFn pick_gemv(const Weight& w) {
   throw std::logic_error("unknown weight format");
 }
 
+// Crossovers measured with `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64` on
+// SmolLM2-135M shapes, 2 AVX2 threads (noisy shared machine, ratios GEMV time / GEMM time):
+// fp32 activations: GEMV wins up to T = 8 (fp32 0.5-0.7, int8 0.8-0.9), the GEMM above
+// (1.2-2x at T = 16). Int8 activations: the integer GEMV matches or beats the fp32 GEMM up to
+// T = 32 (int8_a8 0.95, int4_g32_a8 0.97, sparse_int8_a8 0.41 at T = 32; int4_g32_a8 2x slower
+// at 64), so W8A8 batched decode and verification of up to 32 tokens stay int32-exact.
+constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI8 = 32;
+static int64_t g_gemv_max_tokens = 0;  // 0: the per-activation-type defaults above
+int64_t gemv_max_tokens(const Weight& w) {
+  if (g_gemv_max_tokens > 0) return g_gemv_max_tokens;
+  return w.act_int8 ? kGemvMaxTokensI8 : kGemvMaxTokensF32;
+}
+void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
+
 void LinearScratch::reserve(int64_t T, int64_t kp) {
-  constexpr int64_t kMaxMulti = 4;  // linear_multi keeps one gsum row per weight
   auto grow = [](auto& v, size_t n) {
     if (v.size() < n) v.resize(n);
   };
   grow(xpad, size_t(T * kp));
   grow(xq, size_t(T * kp));
   grow(xscale, size_t(T));
-  grow(gsum, size_t(std::max(T, kMaxMulti) * kp / 32));
+  grow(gsum, size_t(kMaxMulti * T * kp / 32));
   grow(panel, size_t(omp_get_max_threads() * kPanelRows * kp));
 }
 
@@ -56,51 +69,25 @@ static void quantize(const float* x, int64_t n, int8_t* q, float* scale) {
 // (GEMM: 16x more, as its work per weight byte is compute, not a DRAM stream.)
 constexpr int64_t kMinParallelWork = int64_t(1) << 16;
 
-void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
-            LinearScratch& s) {
-  const int64_t kp = w.kp, K = w.cols;
+// Zero-pads x (T, K) to xpad (T, kp) -- kernels have no tail loops -- and quantizes each token
+// for W8A8 (per-token scale; the same for every weight, so done once per call).
+static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t kp, bool int8,
+                    LinearScratch& s) {
   s.reserve(T, kp);  // no-op once sized
-
-  // 1. Activations: zero-pad to kp (kernels have no tail loops), quantize for W8A8.
   float* xp = s.xpad.data();
   for (int64_t t = 0; t < T; ++t) {
     std::memcpy(xp + t * kp, x + t * ldx, size_t(K) * sizeof(float));
     std::fill(xp + t * kp + K, xp + (t + 1) * kp, 0.f);
   }
-  if (w.act_int8) {
+  if (int8)
     for (int64_t t = 0; t < T; ++t) quantize(xp + t * kp, kp, s.xq.data() + t * kp, &s.xscale[t]);
-  }
+}
 
-  if (T == 1) {
-    // 2a. Decode: one pass over the weights; each thread streams one contiguous row range.
-    Act a;
-    a.x = xp;
-    a.xq = s.xq.data();
-    a.xscale = s.xscale[0];
-    if (w.fmt == Fmt::I4) {
-      // Group sums of the activations the kernel multiplies (zero-point term).
-      for (int64_t g = 0; g < kp / w.group; ++g) {
-        float acc = 0.f;
-        for (int64_t k = g * w.group; k < (g + 1) * w.group; ++k)
-          acc += w.act_int8 ? float(s.xq[k]) : xp[k];
-        s.gsum[g] = acc;
-      }
-      a.gsum = s.gsum.data();
-    }
-    const GemvFn fn = pick_gemv(w);
-    const int64_t rows = w.rows;
-#pragma omp parallel if (rows * kp >= kMinParallelWork)
-    {
-      const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-      const int64_t per = (rows + nt - 1) / nt;
-      const int64_t r0 = std::min(rows, id * per), r1 = std::min(rows, r0 + per);
-      if (r0 < r1) fn(w, a, y, r0, r1);
-    }
-    return;
-  }
-
-  // 2b. Prefill / batched decode: W8A8 semantics are kept by multiplying by the dequantized
-  // int8 activations (exact products of integers, summed in fp32).
+// Prefill: W8A8 semantics are kept by multiplying by the dequantized int8 activations (exact
+// products of integers, summed in fp32). Needs prepare() for this weight alone.
+static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, LinearScratch& s) {
+  const int64_t kp = w.kp;
+  float* xp = s.xpad.data();
   if (w.act_int8) {
     for (int64_t t = 0; t < T; ++t)
       for (int64_t k = 0; k < kp; ++k) xp[t * kp + k] = float(s.xq[t * kp + k]) * s.xscale[t];
@@ -123,49 +110,45 @@ void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, i
   }
 }
 
-void linear_multi(const Weight* const* ws, float* const* ys, int n, const float* x, int64_t T,
-                  int64_t ldx, LinearScratch& s) {
-  if (T != 1 || n == 1 || n > 4) {
-    for (int i = 0; i < n; ++i) linear(*ws[i], x, T, ldx, ys[i], ws[i]->rows, s);
-    return;
-  }
-  const int64_t K = ws[0]->cols;
-  int64_t kp = 0, total_rows = 0, work = 0;
+// The GEMV path for n weights with the same padded width: activations prepared once, then one
+// parallel region in which the threads split the concatenated rows of all weights into
+// contiguous ranges.
+static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t* ldys, int n,
+                       const float* x, int64_t T, int64_t ldx, LinearScratch& s) {
+  const int64_t kp = ws[0]->kp;
+  int64_t total_rows = 0;
   bool any_i8 = false;
   for (int i = 0; i < n; ++i) {
-    if (ws[i]->cols != K) throw std::invalid_argument("linear_multi: input widths differ");
-    kp = std::max(kp, ws[i]->kp);
     total_rows += ws[i]->rows;
-    work += ws[i]->rows * ws[i]->kp;
     any_i8 |= ws[i]->act_int8;
   }
-  s.reserve(1, kp);
-  float* xp = s.xpad.data();
-  std::memcpy(xp, x, size_t(K) * sizeof(float));
-  std::fill(xp + K, xp + kp, 0.f);
-  float xscale = 0.f;
-  if (any_i8) quantize(xp, kp, s.xq.data(), &xscale);
-  Act acts[4];
-  GemvFn fns[4];
+  prepare(x, T, ldx, ws[0]->cols, kp, any_i8, s);
+  Acts acts[kMaxMulti];
+  GemvFn fns[kMaxMulti];
   for (int i = 0; i < n; ++i) {
     const Weight& w = *ws[i];
-    acts[i].x = xp;
-    acts[i].xq = s.xq.data();
-    acts[i].xscale = xscale;
+    Acts& a = acts[i];
+    a.T = T;
+    a.kp = kp;
+    a.x = s.xpad.data();
+    a.xq = s.xq.data();
+    a.xscale = s.xscale.data();
     if (w.fmt == Fmt::I4) {
-      float* gs = s.gsum.data() + i * (kp / 32);
-      for (int64_t g = 0; g < w.kp / w.group; ++g) {
-        float acc = 0.f;
-        for (int64_t k = g * w.group; k < (g + 1) * w.group; ++k)
-          acc += w.act_int8 ? float(s.xq[k]) : xp[k];
-        gs[g] = acc;
-      }
-      acts[i].gsum = gs;
+      // Group sums of the activations the kernel multiplies (zero-point term), per token.
+      const int64_t ng = kp / w.group;
+      float* gs = s.gsum.data() + i * T * (kp / 32);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t g = 0; g < ng; ++g) {
+          float acc = 0.f;
+          for (int64_t k = t * kp + g * w.group; k < t * kp + (g + 1) * w.group; ++k)
+            acc += w.act_int8 ? float(s.xq[k]) : s.xpad[k];
+          gs[t * ng + g] = acc;
+        }
+      a.gsum = gs;
     }
     fns[i] = pick_gemv(w);
   }
-  // Threads split the concatenated rows of all weights into contiguous ranges.
-#pragma omp parallel if (work >= kMinParallelWork)
+#pragma omp parallel if (total_rows * kp * T >= kMinParallelWork)
   {
     const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
     const int64_t per = (total_rows + nt - 1) / nt;
@@ -173,10 +156,41 @@ void linear_multi(const Weight* const* ws, float* const* ys, int n, const float*
     int64_t base = 0;
     for (int i = 0; i < n; ++i) {
       const int64_t r0 = std::max(lo, base) - base, r1 = std::min(hi, base + ws[i]->rows) - base;
-      if (r0 < r1) fns[i](*ws[i], acts[i], ys[i], r0, r1);
+      if (r0 < r1) fns[i](*ws[i], acts[i], ys[i], ldys[i], r0, r1);
       base += ws[i]->rows;
     }
   }
+}
+
+void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
+            LinearScratch& s) {
+  if (T <= gemv_max_tokens(w)) {
+    const Weight* ws[1] = {&w};
+    float* ys[1] = {y};
+    gemv_multi(ws, ys, &ldy, 1, x, T, ldx, s);
+    return;
+  }
+  prepare(x, T, ldx, w.cols, w.kp, w.act_int8, s);
+  panel_linear(w, T, y, ldy, s);
+}
+
+void linear_multi(const Weight* const* ws, float* const* ys, int n, const float* x, int64_t T,
+                  int64_t ldx, LinearScratch& s) {
+  if (n < 1 || n > kMaxMulti) throw std::invalid_argument("linear_multi: 1..4 weights");
+  bool same_kp = true;
+  int64_t ldys[kMaxMulti], limit = gemv_max_tokens(*ws[0]);
+  for (int i = 0; i < n; ++i) {
+    limit = std::min(limit, gemv_max_tokens(*ws[i]));
+    if (ws[i]->cols != ws[0]->cols)
+      throw std::invalid_argument("linear_multi: input widths differ");
+    same_kp &= ws[i]->kp == ws[0]->kp;  // differs only for mixed int4 group sizes
+    ldys[i] = ws[i]->rows;
+  }
+  if (T <= limit && same_kp) {
+    gemv_multi(ws, ys, ldys, n, x, T, ldx, s);
+    return;
+  }
+  for (int i = 0; i < n; ++i) linear(*ws[i], x, T, ldx, ys[i], ldys[i], s);
 }
 
 }  // namespace sl

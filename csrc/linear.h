@@ -1,5 +1,6 @@
-// y = x @ W.T for any packed weight format: activation preparation + GEMV (T == 1) or
-// decoded-panel GEMM (T > 1), parallel over output rows.
+// y = x @ W.T for any packed weight format: activation preparation, then either the multi-token
+// GEMV (T <= gemv_max_tokens(): decode, batched decode, speculative verification) or the
+// decoded-panel GEMM (prefill), parallel over output rows.
 #pragma once
 
 #include <vector>
@@ -14,20 +15,30 @@ struct LinearScratch {
   std::vector<float> xpad;    // (T, kp) activations, zero padded (fake-quantized for W8A8 GEMM)
   std::vector<int8_t> xq;     // (T, kp) int8 activations for W8A8 GEMV
   std::vector<float> xscale;  // (T,) per-token activation scales
-  std::vector<float> gsum;    // (T, kp/32) per-group sums of x for int4 zero points
+  std::vector<float> gsum;    // (kMaxMulti, T, kp/32) per-weight, per-token int4 group sums
   std::vector<float> panel;   // (threads, kPanelRows, kp) decoded weight rows
   void reserve(int64_t T, int64_t kp);
 };
 
 constexpr int64_t kPanelRows = 24;  // multiple of the GEMM micro-kernel's 3 rows
+constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one pass
+
+// Up to gemv_max_tokens(w) tokens, linear() streams each packed weight once and computes every
+// token's row like T == 1 does (bitwise equal results per token, int32-exact for W8A8); above
+// it, weight panels are decoded to fp32 once and multiplied by a GEMM (faster per token for
+// prefill, but rounding differs). The limit depends on the activation type (linear.cpp);
+// set_gemv_max_tokens(n > 0) overrides it for measurements, 0 restores the defaults.
+int64_t gemv_max_tokens(const Weight& w);
+void set_gemv_max_tokens(int64_t n);
 
 // x: (T, w.cols) with row stride ldx; y: (T, w.rows) with row stride ldy.
 void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
             LinearScratch& s);
 
-// Several weights of the same input width applied to the same x (q/k/v, gate/up): for T == 1
-// one parallel region streams all of them (one fork/join instead of n); for T > 1 it is n
-// linear() calls. ys[i]: (T, ws[i]->rows) with row stride ws[i]->rows.
+// Several weights of the same input width applied to the same x (q/k/v, gate/up): on the GEMV
+// path one parallel region streams all of them (one fork/join instead of n, activations
+// prepared once); on the GEMM path it is n linear() calls. ys[i]: (T, ws[i]->rows) with row
+// stride ws[i]->rows. n <= kMaxMulti.
 void linear_multi(const Weight* const* ws, float* const* ys, int n, const float* x, int64_t T,
                   int64_t ldx, LinearScratch& s);
 

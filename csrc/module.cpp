@@ -193,6 +193,9 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_isa", &set_isa, py::arg("name"), "Kernel ISA: 'scalar', 'avx2' or 'auto'");
   m.def("get_num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, py::arg("n"), "OpenMP threads (<= 0: all cores)");
+  m.def("set_gemv_max_tokens", &set_gemv_max_tokens, py::arg("n"),
+        "Largest T served by the multi-token GEMV (above: decoded-panel GEMM) for every format; "
+        "0: the per-format defaults. For measurements");
 
   py::class_<PyWeight>(m, "NativeWeight")
       .def(py::init(&make_weight), py::arg("fmt"), py::arg("rows"), py::arg("cols"),
@@ -201,7 +204,9 @@ PYBIND11_MODULE(_native, m) {
            py::arg("mask") = py::none(), py::arg("row_off") = py::none(),
            py::arg("meta") = py::none())
       .def_property_readonly("rows", [](const PyWeight& p) { return p.w.rows; })
-      .def_property_readonly("cols", [](const PyWeight& p) { return p.w.cols; });
+      .def_property_readonly("cols", [](const PyWeight& p) { return p.w.cols; })
+      .def_property_readonly("gemv_max_tokens",
+                             [](const PyWeight& p) { return gemv_max_tokens(p.w); });
 
   m.def(
       "linear",

@@ -154,10 +154,12 @@ void attention(const float* q, int64_t ldq, const float* kc, const float* vc, co
   auto axpy = v ? avx2::axpy : scalar::axpy;
   auto softmax = v ? avx2::softmax_inplace : scalar::softmax_inplace;
   // One task per (token, head); causal prefill rows differ in length -> dynamic schedule.
-  // Work ~ T * H * keys * hd; small problems stay on one thread (see linear.cpp).
+  // Work ~ T * H * keys * hd. A decode step's attention (one token, a few hundred keys: ~10 us
+  // on one core) stays on one thread: its fork/join would cost as much, and it is one of the
+  // ~5 parallel regions per layer in which a preempted worker thread stalls the whole step.
   int64_t keys = 0;
   for (int64_t t = 0; t < s.T; ++t) keys += pos[t] + 1;
-#pragma omp parallel for schedule(dynamic, 4) if (keys * s.H * s.hd >= (int64_t(1) << 16))
+#pragma omp parallel for schedule(dynamic, 4) if (keys * s.H * s.hd >= (int64_t(1) << 20))
   for (int64_t th = 0; th < s.T * s.H; ++th) {
     const int64_t t = th / s.H, h = th % s.H, kvh = h / group;
     const int64_t p = pos[t];

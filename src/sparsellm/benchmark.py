@@ -274,13 +274,15 @@ def benchmark_speculative(
     generated_tokens: int = 128,
     num_cores: int | None = None,
     weights: str | None = None,
+    draft_weights: str | None = None,
 ) -> SpeculativeResult:
-    """Greedy generation of the same prompts with and without a draft model, in one process."""
+    """Greedy generation of the same prompts with and without a draft model, in one process.
+    `weights` / `draft_weights` convert the main / draft model's linear weights on load."""
     checkpoint = load_checkpoint(model)
-    extra = {"weights": weights} if weights else {}
     length = input_ids_length + generated_tokens
-    engine = Engine(checkpoint, sequence_length=length, num_cores=num_cores, **extra)
-    draft = Engine(draft_model, sequence_length=length, num_cores=num_cores)
+    engine = Engine(checkpoint, sequence_length=length, num_cores=num_cores, weights=weights)
+    draft = Engine(draft_model, sequence_length=length, num_cores=num_cores,
+                   weights=draft_weights)
     prompt_ids = _prompts(checkpoint.tokenizer, prompts, input_ids_length)
     config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
     plain = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids)

@@ -72,9 +72,10 @@ def main_and_draft(tiny_model_dir):
     return main, draft
 
 
-def _run(checkpoint, prompts, config, draft=None, k=4, batch=4):
-    engine = Engine(checkpoint, sequence_length=256, max_sequences=batch)
-    draft_engine = Engine(draft, sequence_length=256, max_sequences=batch) if draft else None
+def _run(checkpoint, prompts, config, draft=None, k=4, batch=4, weights=None):
+    engine = Engine(checkpoint, sequence_length=256, max_sequences=batch, weights=weights)
+    draft_engine = Engine(draft, sequence_length=256, max_sequences=batch,
+                          weights=weights) if draft else None
     gen = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids,
                          draft=draft_engine, num_speculative_tokens=k)
     reqs = [GenerationRequest(checkpoint.tokenizer.encode(p), config) for p in prompts]
@@ -178,11 +179,14 @@ def test_pipeline_speculative_and_vocab_check(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_speculative_identical(smollm2_checkpoint):
-    """20 varied prompts x 128 tokens: a self-draft that is perturbed still gives identical text."""
+@pytest.mark.parametrize("weights", [None, "int8_a8"])
+def test_smollm2_greedy_speculative_identical(smollm2_checkpoint, weights):
+    """20 varied prompts x 128 tokens: a self-draft that is perturbed still gives identical text.
+    With a W8A8 main model this needs verification logits bitwise equal to one-token steps."""
     draft = _perturbed(smollm2_checkpoint, 0.1)
     config = GenerationConfig(max_generated_tokens=128, force_max_tokens=True)
-    plain, _ = _run(smollm2_checkpoint, PROMPTS, config, batch=4)
-    spec, st = _run(smollm2_checkpoint, PROMPTS, config, draft=draft, k=4, batch=4)
+    plain, _ = _run(smollm2_checkpoint, PROMPTS, config, batch=4, weights=weights)
+    spec, st = _run(smollm2_checkpoint, PROMPTS, config, draft=draft, k=4, batch=4,
+                    weights=weights)
     assert [r.output_ids for r in plain] == [r.output_ids for r in spec]
     assert st.acceptance_rate > 0.3

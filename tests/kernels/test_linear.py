@@ -9,7 +9,7 @@ from sparsellm.kernels.formats import FORMATS, parse_format
 
 # (out, in): odd sizes exercise row splits across threads and column padding to 64.
 SHAPES = [(37, 96), (64, 200), (5, 64)]
-TOKENS = [1, 3, 17]
+TOKENS = [1, 2, 3, 5, 8, 17]  # <= 8: multi-token GEMV; 17: decoded-panel GEMM
 
 
 def random_weight(rng, shape, fmt):
@@ -45,6 +45,24 @@ def test_linear_matches_reference(isa, rng, fmt, shape):
         x = rng.standard_normal((T, shape[1])).astype(np.float32)
         np.testing.assert_allclose(kernels.linear(x, p), ref.linear(x, p), **tolerance(fmt),
                                    err_msg=f"{fmt} {shape} T={T} {isa}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(37, 96), (5, 200)])
+def test_each_token_is_bitwise_independent_of_the_batch(isa, rng, fmt, shape):
+    """Batched decode / speculative verification give every token exactly its T == 1 result."""
+    w, mask = random_weight(rng, shape, fmt)
+    p = kernels.pack(w, fmt, mask)
+    limit = p.native().gemv_max_tokens  # 8 for fp32 activations, 32 for int8 ones
+    assert limit >= 8
+    x = rng.standard_normal((limit, shape[1])).astype(np.float32) * 3
+    alone = np.concatenate([kernels.linear(x[t:t + 1], p) for t in range(limit)])
+    for T in sorted({1, 2, 3, 5, 8, 20, limit} & set(range(1, limit + 1))):
+        batch = kernels.linear(x[:T], p)
+        np.testing.assert_array_equal(batch, alone[:T], err_msg=f"{fmt} {shape} T={T} {isa}")
+    # A token's result does not depend on its neighbours either.
+    shuffled = kernels.linear(x[::-1].copy(), p)[::-1]
+    np.testing.assert_array_equal(shuffled, alone)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -104,7 +122,7 @@ def test_multithreaded_rows_and_panels(isa, rng, fmt):
     saved = kernels.get_num_threads()
     try:
         kernels.set_num_threads(2)
-        for T in (1, 20):
+        for T in (1, 5, 20):
             x = rng.standard_normal((T, shape[1])).astype(np.float32)
             np.testing.assert_allclose(kernels.linear(x, p), ref.linear(x, p), **tolerance(fmt))
     finally:

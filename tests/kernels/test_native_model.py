@@ -225,3 +225,39 @@ def test_wider_model_on_two_threads(isa, fmt):
     tol = 0.05 if parse_format(fmt).act_int8 else 2e-4
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=tol * np.abs(w).max(), rtol=0)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8_a8", "int4_g32_a8", "sparse_int8_a8",
+                                 "sparse_int4_g32", "2:4_int8"])
+def test_batched_and_verification_steps_equal_single_token_steps(isa, fmt):
+    """Batched decode and speculative verification (several tokens of one sequence in one call)
+    give bitwise the logits of one-token steps: greedy output cannot depend on batching."""
+    rng = np.random.default_rng(7)
+    args, tensors = tiny_model(rng)
+    model = NativeDecoderModel(args, tensors, fmt, masks=masks_for(args, tensors, fmt, rng),
+                               max_tokens=16)
+    prompt = rng.integers(0, args.vocab_size, 6)
+    more = rng.integers(0, args.vocab_size, (SLOTS, 5))
+
+    def prefilled():
+        k, v = empty_cache(args)
+        for s in range(SLOTS):
+            model.forward(prompt, np.full(6, s), np.arange(6), k, v, np.array([5]))
+        return k, v
+
+    # One token at a time, one sequence at a time.
+    k, v = prefilled()
+    single = np.stack([
+        np.concatenate([model.forward(more[s, j:j + 1], np.array([s]), np.array([6 + j]), k, v,
+                                      np.array([0])) for j in range(5)])
+        for s in range(SLOTS)])
+    # All sequences in one batched step per position.
+    k, v = prefilled()
+    batched = np.stack([model.forward(more[:, j], np.arange(SLOTS), np.full(SLOTS, 6 + j), k, v,
+                                      np.arange(SLOTS)) for j in range(5)], axis=1)
+    np.testing.assert_array_equal(batched, single)
+    # Verification: the 5 tokens of each sequence in one call, every row scored.
+    k, v = prefilled()
+    for s in range(SLOTS):
+        verify = model.forward(more[s], np.full(5, s), 6 + np.arange(5), k, v, np.arange(5))
+        np.testing.assert_array_equal(verify, single[s])

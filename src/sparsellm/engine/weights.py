@@ -7,7 +7,7 @@ import logging
 import numpy as np
 
 from ..kernels import FORMATS, PackedWeight, pack, parse_format
-from ..kernels.formats import pack_quantized
+from ..kernels.formats import dense_twin, pack_quantized
 from ..kernels.reference import dequantize
 from ..models import Checkpoint
 from ..models.formats import DENSE_FP32, WeightFormat
@@ -23,13 +23,17 @@ def weight_formats(
 
     Declared formats win (`checkpoint.weight_formats`, with the stored integers packed as they
     are; a tied lm_head follows the embedding's); `weights` instead converts every linear weight
-    on load; anything else is fp32.
+    on load (a sparse format keeps the zeros of a pruned checkpoint; the never-pruned lm_head
+    gets its dense twin); anything else is fp32.
     """
     names = checkpoint.linear_weight_names
     if weights is not None:
         if weights not in FORMATS:
             raise ValueError(f"unknown weights format {weights!r}; accepted: {', '.join(FORMATS)}")
-        return dict.fromkeys(names, weights), {}
+        formats = dict.fromkeys(names, weights)
+        if "lm_head.weight" in formats:
+            formats["lm_head.weight"] = dense_twin(weights)
+        return formats, {}
     formats = {}
     packed = {}
     declared_formats = dict(checkpoint.weight_formats)

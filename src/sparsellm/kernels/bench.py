@@ -20,7 +20,7 @@ import numpy as np
 
 from . import get_num_threads, pack, set_isa, set_num_threads
 from ._ext import native
-from .formats import FORMATS, parse_format
+from .formats import FORMATS, dense_twin, parse_format
 
 # SmolLM2-135M: (out, in) of q/o, k/v, gate/up, down, lm_head; and how often each runs per token
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -45,9 +45,10 @@ def make_weight(rng: np.random.Generator, shape: tuple[int, int], fmt: str):
 
 
 def bench_gemv(fmt: str, shape: tuple[int, int], min_time: float = 0.2,
-               hot: bool = False) -> tuple[float, int]:
-    """(seconds per GEMV, packed bytes) for one format and shape. hot: the matrix stays in
-    cache, which measures the kernel's compute ceiling instead of DRAM bandwidth."""
+               hot: bool = False, tokens: int = 1) -> tuple[float, int]:
+    """(seconds per linear() call, packed bytes) for one format and shape with `tokens` rows of
+    activations. hot: the matrix stays in cache, which measures the kernel's compute ceiling
+    instead of DRAM bandwidth."""
     rng = np.random.default_rng(0)
     p = make_weight(rng, shape, fmt)
     copies = 1 if hot else max(1, -(-CACHE_BYTES // p.nbytes))
@@ -57,7 +58,7 @@ def bench_gemv(fmt: str, shape: tuple[int, int], min_time: float = 0.2,
         q = type(p)(format=p.format, shape=p.shape, kp=p.kp,
                     arrays={k: v.copy() for k, v in p.arrays.items()})
         ws.append(q.native())
-    x = rng.standard_normal((1, shape[1])).astype(np.float32)
+    x = rng.standard_normal((tokens, shape[1])).astype(np.float32)
     iters = copies
     while True:
         t0 = time.perf_counter()
@@ -76,8 +77,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", action="store_true",
                     help="also time decode/prefill of a random 135M-shaped native model")
     ap.add_argument("--gemv", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--tokens", default="",
+                    help="comma list of T: time one model step's linear layers for T tokens on "
+                         "the multi-token GEMV path vs the decoded-panel GEMM path")
     args = ap.parse_args(argv)
     set_isa(args.isa)
+    if args.tokens:
+        for nt in (int(t) for t in args.threads.split(",")):
+            set_num_threads(nt)
+            compare_paths(args.formats.split(","), [int(t) for t in args.tokens.split(",")], nt)
+        return
     saved = get_num_threads()
     shape_names = ["576x576", "192x576", "1536x576", "576x1536", "49152x576"]
     print(f"GEMV GB/s (packed weight bytes / time), isa={native().get_isa()}; "
@@ -108,6 +117,31 @@ def main(argv: list[str] | None = None) -> None:
     set_num_threads(saved)
 
 
+def model_step_seconds(fmt: str, tokens: int) -> float:
+    """Seconds of all linear layers of one 135M-model step over `tokens` tokens."""
+    return sum(PER_TOKEN[shape] * bench_gemv(fmt, shape, min_time=0.1, tokens=tokens)[0]
+               for shape in SHAPES)
+
+
+def compare_paths(formats: list[str], tokens: list[int], threads: int) -> None:
+    """Where the decoded-panel GEMM starts beating the multi-token GEMV (linear.h)."""
+    print(f"\nthreads={threads}: ms per model step (all linear layers), GEMV path / GEMM path "
+          "(ratio > 1: GEMM faster)")
+    print(f"{'format':<16}" + "".join(f"{'T=' + str(t):>20}" for t in tokens))
+    try:
+        for fmt in formats:
+            cells = []
+            for t in tokens:
+                native().set_gemv_max_tokens(t)
+                g = model_step_seconds(fmt, t)
+                native().set_gemv_max_tokens(1)
+                p = model_step_seconds(fmt, t) if t > 1 else g
+                cells.append(f"{g * 1e3:7.1f}/{p * 1e3:6.1f} {g / p:4.2f}")
+            print(f"{fmt:<16}" + "".join(f"{c:>20}" for c in cells), flush=True)
+    finally:
+        native().set_gemv_max_tokens(0)
+
+
 def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, float, int]:
     """Random SmolLM2-135M-shaped NativeDecoderModel in one format (lm_head: the dense twin of
     the format): (decode tokens/s, prefill tokens/s, packed weight bytes)."""
@@ -134,12 +168,8 @@ def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, fl
             if p.spec.kind.startswith(("sparse", "2:4")):
                 from .reference import dequantize
                 masks[name] = dequantize(p) != 0
-    head_fmt = {"sparse_": "", "2:4_": ""}
-    dense = fmt
-    for prefix in head_fmt:
-        dense = dense.removeprefix(prefix)
     formats = dict.fromkeys(linear_weight_names(args), fmt)
-    formats["lm_head.weight"] = dense
+    formats["lm_head.weight"] = dense_twin(fmt)
     model = NativeDecoderModel(args, tensors, formats, masks=masks, max_tokens=prompt)
     cache = (1, 1, 3, prompt + steps + 1, 64)
     k, v = np.zeros((30, *cache[1:]), np.float32), np.zeros((30, *cache[1:]), np.float32)

@@ -82,6 +82,16 @@ def parse_format(name: str) -> FormatSpec:
                       group=int(m["g"] or 0), asym=bool(m["asym"]))
 
 
+def dense_twin(name: str) -> str:
+    """The dense format with the same values and activations as a sparse one (the lm_head of a
+    pruned model is not pruned): "sparse_int8_a8" -> "int8_a8", "2:4_int8" -> "int8"."""
+    parse_format(name)
+    for prefix in ("sparse24_", "sparse_", "2:4_"):
+        if name.startswith(prefix):
+            return name.removeprefix(prefix)
+    return name
+
+
 @dataclass(eq=False)
 class PackedWeight:
     """A weight matrix (out, in) in one packed format: the NumPy buffers + format metadata."""

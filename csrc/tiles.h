@@ -1,0 +1,49 @@
+// Token tiling shared by every GEMV kernel (scalar and AVX2): rows outer, tokens inner.
+//
+// A kernel provides row(Nt<NT>, r, t0): one weight row r against tokens [t0, t0 + NT), with NT
+// separate accumulator sets in registers. for_rows_and_tiles walks each block of rows once per
+// tile of at most MaxNT tokens, so the packed bytes come from DRAM once and stay in cache for
+// the next tiles. A token's arithmetic is the same in every NT instantiation (its own accumulators, the
+// same column order), which is what makes batched results bitwise equal to T == 1 results.
+// MaxNT is per kernel: as many tokens as its accumulators fit in the 16 ymm registers.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace sl {
+
+template <int N>
+using Nt = std::integral_constant<int, N>;
+
+// One out-of-line function per (kernel, NT), looping over a block of rows: inlined together, the
+// instantiations made GCC spill general registers inside the NT == 1 loop (+40% instructions
+// for sparse_int8_a8, counted with callgrind), and a call per row cost ~60 instructions of
+// setup on 576-column rows.
+template <int NT, class Row>
+[[gnu::noinline]] void call_tile(Row& row, int64_t ra, int64_t rz, int64_t t0) {
+  for (int64_t r = ra; r < rz; ++r) row(Nt<NT>{}, r, t0);
+}
+
+template <int MaxNT, class Row>
+inline void run_tile(int64_t n, Row& row, int64_t ra, int64_t rz, int64_t t0) {
+  if constexpr (MaxNT > 1) {
+    if (n < MaxNT) return run_tile<MaxNT - 1>(n, row, ra, rz, t0);
+  }
+  call_tile<MaxNT>(row, ra, rz, t0);
+}
+
+// Rows in blocks of kRowBlock: a block (<= 8 rows x 1536 columns x 4 bytes = 48 KB) stays in
+// L1/L2 while the token tiles walk it again.
+constexpr int64_t kRowBlock = 8;
+
+template <int MaxNT, class Row>
+inline void for_rows_and_tiles(int64_t r0, int64_t r1, int64_t T, Row&& row) {
+  for (int64_t ra = r0; ra < r1; ra += kRowBlock) {
+    const int64_t rz = ra + kRowBlock < r1 ? ra + kRowBlock : r1;
+    for (int64_t t0 = 0; t0 < T; t0 += MaxNT)
+      run_tile<MaxNT>(T - t0 < MaxNT ? T - t0 : MaxNT, row, ra, rz, t0);
+  }
+}
+
+}  // namespace sl
