@@ -8,7 +8,7 @@ import numpy as np
 
 from ..kernels import FORMATS, PackedWeight, pack, parse_format
 from ..kernels.formats import dense_twin, pack_quantized
-from ..kernels.reference import dequantize
+from ..kernels.reference import with_dequantized
 from ..models import Checkpoint
 from ..models.formats import DENSE_FP32, WeightFormat
 
@@ -74,11 +74,9 @@ def reference_tensors(
 ) -> dict:
     """The checkpoint's tensors with each linear weight replaced by exactly what the native
     kernels multiply by, for the NumPy reference forward."""
-    tensors = dict(checkpoint.tensors)
-    head = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"])
+    tensors = checkpoint.tensors
+    packed = dict(packed)
     for name, fmt in formats.items():
-        if fmt == "fp32" and name not in packed:
-            continue
-        w = packed.get(name) or pack(head if name == "lm_head.weight" else tensors[name], fmt)
-        tensors[name] = dequantize(w)
-    return tensors
+        if fmt != "fp32" and name not in packed:  # a tied lm_head packs the embedding
+            packed[name] = pack(tensors[name if name in tensors else EMBEDDING], fmt)
+    return with_dequantized(tensors, packed)

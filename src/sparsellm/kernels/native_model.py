@@ -64,13 +64,12 @@ class NativeDecoderModel:
             raise ValueError(f"formats given for unknown weights {sorted(unknown)[:3]}; "
                              f"linear weights are e.g. {names[0]!r}, 'lm_head.weight'")
         embed = np.ascontiguousarray(tensors["model.embed_tokens.weight"], dtype=np.float32)
-        head = tensors.get("lm_head.weight", embed)  # tied embeddings
         self.packed: dict[str, PackedWeight] = {}
         for name in names:
             if name in packed:
                 self.packed[name] = packed[name]
                 continue
-            w = head if name == "lm_head.weight" else tensors[name]
+            w = embed if name == "lm_head.weight" and name not in tensors else tensors[name]
             self.packed[name] = pack(w, formats.get(name, "fp32"), masks.get(name))
 
         def vec(name: str) -> np.ndarray | None:
@@ -141,7 +140,4 @@ class NativeDecoderModel:
     def dequantized_tensors(self) -> dict[str, np.ndarray]:
         """The tensors dict with every linear weight replaced by what the kernels multiply by
         (for DecoderModel reference runs and quality checks)."""
-        out = dict(self._tensors)
-        for name, p in self.packed.items():
-            out[name] = reference.dequantize(p)
-        return out
+        return reference.with_dequantized(self._tensors, self.packed)

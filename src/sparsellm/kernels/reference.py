@@ -7,6 +7,8 @@ per-token int8 and dequantized, which equals the integer dots the W8A8 kernels c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..models import decoder
@@ -92,6 +94,15 @@ def dequantize(p: PackedWeight) -> np.ndarray:
     else:  # pragma: no cover
         raise AssertionError(kind)
     return np.ascontiguousarray(w[:, : p.shape[1]], dtype=np.float32)
+
+
+def with_dequantized(tensors: Mapping[str, np.ndarray],
+                      packed: Mapping[str, PackedWeight]) -> dict[str, np.ndarray]:
+    """`tensors` with each packed weight replaced by exactly what the kernels multiply by (for
+    the NumPy reference forward); weights that are packed are never read from `tensors`."""
+    out = {name: tensors[name] for name in tensors if name not in packed}
+    out.update({name: dequantize(p) for name, p in packed.items()})
+    return out
 
 
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

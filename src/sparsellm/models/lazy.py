@@ -21,6 +21,9 @@ class LazyTensors(Mapping[str, T], Generic[T]):
     def __getitem__(self, name: str) -> T:
         return self._loaders[name]()
 
+    def __contains__(self, name: object) -> bool:  # without loading (Mapping's default would)
+        return name in self._loaders
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._loaders)
 

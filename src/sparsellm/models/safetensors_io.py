@@ -47,6 +47,9 @@ class SafetensorsFile(Mapping[str, np.ndarray]):
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
         return arr
 
+    def __contains__(self, name: object) -> bool:  # without reading (Mapping's default would)
+        return name in self._info
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._info)
 
