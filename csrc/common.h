@@ -25,7 +25,6 @@ void set_num_threads(int n);  // n <= 0 -> all cores
 // All packed rows are padded to a multiple of this many columns (zeros in the weights, zeros
 // in the activations) so kernels never need a tail loop. SmolLM2 / Llama widths are multiples.
 constexpr int64_t kColAlign = 64;
-inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // ---------------------------------------------------------------------------------------------
 // Packed weight descriptor: a non-owning view of the NumPy buffers built by
@@ -58,6 +57,10 @@ struct Weight {
   const uint64_t* meta = nullptr;    // S24_I8: (rows, kp/64) 2-bit selectors, see sparse24
 };
 
+// 2:4 (S24_I8) value order inside a 64-column block: slot s holds the kept values of the
+// 16-column chunk kSlotChunk[s] (see gemv_sparse.cpp; the AVX2 kernel gathers x by it).
+constexpr int kSlotChunk[4] = {0, 2, 1, 3};
+
 // Int4 layout: a row is kp/32 blocks of 16 bytes; byte j of a block holds value j in its low
 // nibble and value j+16 in its high nibble (llama.cpp Q4_0 order), so one AVX2 and/shift turns
 // a block into 32 bytes in column order. Stored q is unsigned 0..15; w = (q - z) * s with z = 8
@@ -69,7 +72,6 @@ struct Weight {
 // and speculative verification: a few tokens).
 struct Acts {
   int64_t T = 1;
-  int64_t kp = 0;                 // row stride of x and xq
   const float* x = nullptr;       // (T, kp) fp32
   const int8_t* xq = nullptr;     // (T, kp) int8, act_int8 formats only
   const float* xscale = nullptr;  // (T,) x[t] ~= xq[t] * xscale[t]

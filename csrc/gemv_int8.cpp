@@ -1,6 +1,6 @@
-// Int8 per-output-channel GEMV, portable scalar reference.
-//  W8A16 (gemv_i8):   y[r] = scale[r] * sum_k q[r,k] * x[k]          (fp32 activations)
-//  W8A8  (gemv_i8a8): y[r] = scale[r] * xscale * sum_k q[r,k] * xq[k] (exact int32 dot)
+// Int8 per-output-channel GEMV with int8 activations, portable scalar reference:
+//  W8A8 (gemv_i8a8): y[r] = scale[r] * xscale * sum_k q[r,k] * xq[k] (exact int32 dot).
+// W8A16 (gemv_i8) widens the weights to fp32 like the float formats: gemv_dense.cpp.
 #include <cmath>
 
 #include "common.h"
@@ -21,21 +21,6 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
   const float inv = 127.0f / amax;
   for (int64_t i = 0; i < n; ++i) q[i] = int8_t(std::nearbyint(x[i] * inv));
   *scale = amax / 127.0f;
-}
-
-void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int8_t* W = static_cast<const int8_t*>(w.data);
-  const int64_t kp = w.kp;
-  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
-    constexpr int NT = decltype(nt)::value;
-    const int8_t* row = W + r * kp;
-    float s[NT][4] = {};
-    for (int64_t k = 0; k < kp; k += 4)
-      for (int i = 0; i < 4; ++i)
-        for (int t = 0; t < NT; ++t) s[t][i] += float(row[k + i]) * a.x[(t0 + t) * kp + k + i];
-    for (int t = 0; t < NT; ++t)
-      y[(t0 + t) * ldy + r] = ((s[t][0] + s[t][1]) + (s[t][2] + s[t][3])) * w.scale[r];
-  });
 }
 
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {

@@ -2,8 +2,6 @@
 // maddubs sign trick (simd_avx2.h) for 32 int8 products per instruction.
 #include <immintrin.h>
 
-#include <cmath>
-
 #include "common.h"
 #include "simd_avx2.h"
 
@@ -13,10 +11,7 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 m = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), absmask));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  const float amax = _mm_cvtss_f32(h);
+  const float amax = hmax(m);
   if (amax == 0.f) {
     for (int64_t i = 0; i < n; ++i) q[i] = 0;
     *scale = 0.f;
@@ -50,7 +45,6 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
   const int64_t kp = w.kp;
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
-    const __m256i ones = _mm256_set1_epi16(1);
     const int8_t* row = W + r * kp;
     const int8_t* xq = a.xq + t0 * kp;
     __m256i acc[NT][2];
@@ -65,8 +59,7 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
         for (int i = 0; i < 2; ++i) {
           const __m256i x =
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kp + k + 32 * i));
-          const __m256i p16 = _mm256_maddubs_epi16(wa[i], _mm256_sign_epi8(x, wv[i]));
-          acc[t][i] = _mm256_add_epi32(acc[t][i], _mm256_madd_epi16(p16, ones));
+          acc[t][i] = dot_i8(acc[t][i], wa[i], wv[i], x);
         }
     }
     for (int t = 0; t < NT; ++t)

@@ -19,7 +19,6 @@
 
 namespace sl::scalar {
 
-static constexpr int kSlotChunk[4] = {0, 2, 1, 3};
 
 template <typename V, typename F>
 static inline void walk_bitmask_row(const uint8_t* mrow, int64_t kp, const V* vals, F&& f) {

@@ -13,7 +13,6 @@
 // 4 instructions per 64 columns and the 32 packed weights are used as they are.
 #include <immintrin.h>
 
-
 #include "common.h"
 #include "simd_avx2.h"
 
@@ -118,7 +117,6 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
   const int64_t kp = w.kp;
   for_rows_and_tiles<8>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
-    const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const int8_t* v = V + w.row_off[r];
     const int8_t* xq = a.xq + t0 * kp;
@@ -133,8 +131,7 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       v += __builtin_popcount(m4);
       for (int t = 0; t < NT; ++t) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kp + 8 * c));
-        const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, wv));
-        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p16, ones));
+        acc[t] = dot_i8(acc[t], wa, wv, x);
       }
     }
     for (int t = 0; t < NT; ++t)
@@ -201,7 +198,6 @@ void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_
   // Per block the control and the weights are made once; each token gathers its own x.
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
-    const __m256i ones = _mm256_set1_epi16(1);
     const int8_t* v = V + r * (kp / 2);
     const uint64_t* meta = w.meta + r * nb;
     __m256i acc[NT][2];
@@ -217,8 +213,7 @@ void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_
         // Slots 0/2 gather from chunks 0/1 (xa, low qwords), slots 1/3 from chunks 2/3 (xb).
         const __m256i xg = _mm256_blend_epi32(_mm256_shuffle_epi8(xa, ctrl),
                                               _mm256_shuffle_epi8(xb, ctrl), 0xcc);
-        const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xg, wv));
-        acc[t][blk & 1] = _mm256_add_epi32(acc[t][blk & 1], _mm256_madd_epi16(p16, ones));
+        acc[t][blk & 1] = dot_i8(acc[t][blk & 1], wa, wv, xg);
       }
     }
     for (int t = 0; t < NT; ++t)
@@ -230,7 +225,6 @@ void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_
 void gemv_s24_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   // fp32 activations: gather x per slot with vpermps (which reads only the low 3 index bits,
   // so the chunk-relative control from s24_control works for both 8-column halves).
-  static constexpr int kSlotChunk[4] = {0, 2, 1, 3};
   const int8_t* V = static_cast<const int8_t*>(w.data);
   const int64_t kp = w.kp, nb = kp / 64;
   // 2 tokens per tile: 2 x 4 slot accumulators + the slot's index and weight vectors.

@@ -69,6 +69,18 @@ static void quantize(const float* x, int64_t n, int8_t* q, float* scale) {
 // (GEMM: 16x more, as its work per weight byte is compute, not a DRAM stream.)
 constexpr int64_t kMinParallelWork = int64_t(1) << 16;
 
+// Per-token sums of x (T, kp) over each group of columns -> out (T, kp / group).
+template <typename X>
+static void group_sums(const X* x, int64_t T, int64_t kp, int64_t group, float* out) {
+  const int64_t ng = kp / group;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < ng; ++g) {
+      float acc = 0.f;
+      for (int64_t k = t * kp + g * group; k < t * kp + (g + 1) * group; ++k) acc += float(x[k]);
+      out[t * ng + g] = acc;
+    }
+}
+
 // Zero-pads x (T, K) to xpad (T, kp) -- kernels have no tail loops -- and quantizes each token
 // for W8A8 (per-token scale; the same for every weight, so done once per call).
 static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t kp, bool int8,
@@ -129,22 +141,21 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     const Weight& w = *ws[i];
     Acts& a = acts[i];
     a.T = T;
-    a.kp = kp;
     a.x = s.xpad.data();
     a.xq = s.xq.data();
     a.xscale = s.xscale.data();
     if (w.fmt == Fmt::I4) {
-      // Group sums of the activations the kernel multiplies (zero-point term), per token.
-      const int64_t ng = kp / w.group;
-      float* gs = s.gsum.data() + i * T * (kp / 32);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t g = 0; g < ng; ++g) {
-          float acc = 0.f;
-          for (int64_t k = t * kp + g * w.group; k < t * kp + (g + 1) * w.group; ++k)
-            acc += w.act_int8 ? float(s.xq[k]) : s.xpad[k];
-          gs[t * ng + g] = acc;
-        }
-      a.gsum = gs;
+      // Group sums of the activations the kernel multiplies (zero-point term), per token;
+      // fused int4 weights with the same groups (q/k/v, gate/up) share one computation.
+      for (int j = 0; j < i && !a.gsum; ++j)
+        if (ws[j]->fmt == Fmt::I4 && ws[j]->group == w.group && ws[j]->act_int8 == w.act_int8)
+          a.gsum = acts[j].gsum;
+      if (!a.gsum) {
+        float* gs = s.gsum.data() + i * T * (kp / 32);
+        if (w.act_int8) group_sums(s.xq.data(), T, kp, w.group, gs);
+        else group_sums(s.xpad.data(), T, kp, w.group, gs);
+        a.gsum = gs;
+      }
     }
     fns[i] = pick_gemv(w);
   }

@@ -86,10 +86,7 @@ void softmax_inplace(float* x, int64_t n) {
   __m256 mv = _mm256_set1_ps(-INFINITY);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  float m = _mm_cvtss_f32(h);
+  float m = hmax(mv);
   for (int64_t j = i; j < n; ++j) m = std::fmax(m, x[j]);
   const __m256 mb = _mm256_set1_ps(m);
   __m256 sv = _mm256_setzero_ps();

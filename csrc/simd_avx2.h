@@ -21,12 +21,20 @@ inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+inline float hmax(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
 // Signed int8 x signed int8 dot product of 32 lanes, accumulated into 8 int32 lanes.
 // AVX2 has only unsigned*signed byte multiplies (maddubs): move w's sign onto x, multiply
 // |w| (<= 127, we never store -128) by sign(x, w). Pair sums are <= 2*127*127 < 32767, so the
-// int16 stage never saturates.
-inline __m256i dot_i8(__m256i acc, __m256i w, __m256i x) {
-  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+// int16 stage never saturates. wabs = |w| (_mm256_sign_epi8(w, w)), computed once per weight
+// vector by the caller and reused for every token.
+inline __m256i dot_i8(__m256i acc, __m256i wabs, __m256i w, __m256i x) {
+  const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(x, w));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
