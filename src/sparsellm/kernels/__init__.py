@@ -1,7 +1,7 @@
 """Python face of the native CPU kernels (sparsellm._native) and their NumPy reference twins.
 
     w = pack(W, "sparse_int8_a8", mask)      # load time: quantize + lay out for streaming
-    y = linear(x, w)                         # x (T, in) -> (T, out), GEMV for T == 1
+    y = linear(x, w)                         # x (T, in) -> (T, out), GEMV for small T
 
 Formats: see `FORMATS` and kernels/formats.py. `reference` holds the NumPy twins.
 """

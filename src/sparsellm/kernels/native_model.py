@@ -84,7 +84,7 @@ class NativeDecoderModel:
             d.update({key: vec(p + name) for key, name in _VECTORS.items()})
             layers.append(d)
         inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
-                                 tensors.get("rope_freqs.weight")) if args.rotary_dim else []
+                                 tensors.get("rope_freqs.weight"))
         pos_embed = vec("model.embed_positions.weight") if args.learned_positions else None
         config = {
             "hidden": args.hidden_size, "intermediate": args.intermediate_size,

@@ -14,8 +14,9 @@ def _f32(a: np.ndarray) -> np.ndarray:
 
 
 def linear(x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
-    """y = x @ W.T. x: (T, in) or (in,) -> (T, out) or (out,). T == 1 runs the GEMV kernel of
-    the format, T > 1 decodes weight panels once and runs a blocked GEMM."""
+    """y = x @ W.T. x: (T, in) or (in,) -> (T, out) or (out,). Up to a few tokens run the
+    format's GEMV kernel (each packed row streamed once for all of them); more decode weight
+    panels once and run a blocked GEMM (see csrc/linear.h)."""
     x = _f32(x)
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: x must be (T, {w.shape[1]}) for a {w.shape} weight, "

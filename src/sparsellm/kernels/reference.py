@@ -127,9 +127,7 @@ def linear(x: np.ndarray, p: PackedWeight) -> np.ndarray:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    return (x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * weight).astype(
-        np.float32)
+    return decoder.rms_norm(x.astype(np.float64), weight, eps).astype(np.float32)
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
@@ -148,8 +146,7 @@ def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarr
 
 
 def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
-    g64 = g.astype(np.float64)
-    return (g64 / (1.0 + np.exp(-g64)) * u).astype(np.float32)
+    return (decoder.silu(g.astype(np.float64)) * u).astype(np.float32)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -249,10 +249,8 @@ class DecoderModel:
             {name.split(".", 3)[3]: tensors[name] for name in layer_weight_names(args, i)}
             for i in range(args.num_hidden_layers)
         ]
-        inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
-                                 tensors.get("rope_freqs.weight")) if args.rotary_dim else \
-            np.zeros(0)
-        self.inv_freq = inv_freq.astype(np.float64)
+        self.inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
+                                      tensors.get("rope_freqs.weight"))
         self.attention_scale = 1.0 / math.sqrt(args.head_dim)
         self.linears = Linears(self.layers)
 

@@ -14,7 +14,7 @@ def rope_inv_freq(
     scaling: dict[str, Any] | None = None,
     freq_factors: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Inverse frequencies (head_dim/2,) in float64.
+    """Inverse frequencies (head_dim/2,) in float64 (empty for head_dim 0: no RoPE).
 
     scaling follows HF config.json `rope_scaling` ({"rope_type": "linear" | "llama3" | "default",
     ...}); freq_factors is GGUF's `rope_freqs.weight`, which stores the llama3 rule precomputed.
