@@ -58,7 +58,6 @@ class Recipe:
                               sort_keys=False)
 
 
-STAGE_KEYS = ("run_type",)
 RUN_TYPES = ("oneshot",)
 
 

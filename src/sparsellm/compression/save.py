@@ -17,8 +17,6 @@ from ..models.compressed import bitmask_compress, pack_int32
 from ..models.formats import QuantizedTensor, WeightFormat
 from ..models.safetensors_io import write_safetensors
 
-HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                    "qwen2": "Qwen2ForCausalLM"}
 VERSION = "sparsellm-0.1.0"
 
 
@@ -144,7 +142,7 @@ def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
 
 
 def hf_config(source: Checkpoint) -> dict[str, Any]:
-    """The source's config as an HF config.json (GGUF metadata gets architectures etc.).
+    """The source's config as an HF config.json (for a GGUF, the config its metadata maps to).
 
     Tensors are always written under their canonical (Llama-style) names. For Llama-family
     models those are the HF names, so the folder is a regular compressed-tensors checkpoint.
@@ -156,8 +154,6 @@ def hf_config(source: Checkpoint) -> dict[str, Any]:
     no benefit to sparsellm; the loader skips the name map when it sees the marker."""
     config = {k: v for k, v in source.config.items()
               if k not in ("quantization_config", "compression_config", "sparsity_config")}
-    model_type = config.get("model_type", "llama")
-    config.setdefault("architectures", [HF_ARCHITECTURES.get(model_type, "LlamaForCausalLM")])
     if source.architecture.name == "llama":
         config.setdefault("hidden_act", "silu")
     else:

@@ -114,6 +114,13 @@ def split_fused(t: dict[str, np.ndarray], fused: str, parts: Iterable[tuple[str,
             assert start == w.shape[0], (fused, start, w.shape)
 
 
+def split_qkv(t: dict[str, np.ndarray], args: ModelArgs) -> None:
+    """Split a fused [all q | all k | all v] self_attn.qkv_proj into q/k/v_proj."""
+    q, kv = args.num_attention_heads * args.head_dim, args.num_key_value_heads * args.head_dim
+    split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", q), ("self_attn.k_proj", kv),
+                                          ("self_attn.v_proj", kv)], args.num_hidden_layers)
+
+
 def group_rows(t: dict[str, np.ndarray], fused: str, outer: int, inner: int,
                layers: int) -> None:
     """Reorder a fused tensor's rows from (outer, inner, rest) to (inner, outer, rest), e.g.

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .convert import activation, gguf_tensor_names, refuse, rename, split_fused
+from .convert import activation, gguf_tensor_names, refuse, rename, split_qkv
 from .decoder import ModelArgs
 
 
@@ -56,9 +56,7 @@ def from_hf(raw: dict[str, np.ndarray], args: ModelArgs) -> dict[str, np.ndarray
         for m in _CONV1D:
             name = f"model.layers.{i}.{m}.weight"
             t[name] = np.ascontiguousarray(t[name].T)
-    d = args.hidden_size
-    split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", d), ("self_attn.k_proj", d),
-                                          ("self_attn.v_proj", d)], args.num_hidden_layers)
+    split_qkv(t, args)
     return t
 
 
@@ -76,7 +74,5 @@ def gguf_config(arch: str, get: Any) -> dict[str, Any]:
 
 
 def from_gguf(t: dict[str, np.ndarray], args: ModelArgs, arch: str) -> dict[str, np.ndarray]:
-    d = args.hidden_size
-    split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", d), ("self_attn.k_proj", d),
-                                          ("self_attn.v_proj", d)], args.num_hidden_layers)
+    split_qkv(t, args)
     return t

@@ -18,7 +18,7 @@ from .convert import (
     group_rows,
     rename,
     rope_settings,
-    split_fused,
+    split_qkv,
 )
 from .decoder import ModelArgs
 
@@ -69,13 +69,8 @@ def from_hf(raw: dict[str, np.ndarray], args: ModelArgs) -> dict[str, np.ndarray
 def split_qkv_per_head(t: dict[str, np.ndarray], args: ModelArgs) -> None:
     """query_key_value rows are per head [q | k | v] (heads, 3, head_dim)."""
     group_rows(t, "self_attn.qkv_proj", args.num_attention_heads, 3, args.num_hidden_layers)
-    _split_qkv(t, args)
+    split_qkv(t, args)
 
-
-def _split_qkv(t: dict[str, np.ndarray], args: ModelArgs) -> None:
-    d = args.hidden_size
-    split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", d), ("self_attn.k_proj", d),
-                                          ("self_attn.v_proj", d)], args.num_hidden_layers)
 
 
 # ---- GGUF (llama.cpp arch "gptneox": qkv already regrouped to [all q; all k; all v]) -------
@@ -94,5 +89,5 @@ def gguf_config(arch: str, get: Any) -> dict[str, Any]:
 
 
 def from_gguf(t: dict[str, np.ndarray], args: ModelArgs, arch: str) -> dict[str, np.ndarray]:
-    _split_qkv(t, args)
+    split_qkv(t, args)
     return t

@@ -13,8 +13,6 @@ import numpy as np
 from .convert import activation, common_args, rope_settings
 from .decoder import ModelArgs
 
-HF_TENSOR_NAMES = None  # HF names already are the canonical names
-
 
 def model_args(config: dict[str, Any]) -> ModelArgs:
     """Build from an HF config.json dict; keys this architecture does not use are ignored."""
@@ -65,6 +63,10 @@ GGUF_TENSOR_NAMES = {
 _GGUF_PERMUTED_QK = ("llama", "mistral")  # GGUF archs whose Q/K rows llama.cpp permuted
 
 
+_HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM"}  # GGUF arch -> config.json architectures
+
+
 def gguf_config(arch: str, get: Any) -> dict[str, Any]:
     """`{arch}.*` GGUF metadata (get(key, default)) -> the config.json keys model_args reads."""
     n_heads = get("attention.head_count")
@@ -82,8 +84,7 @@ def gguf_config(arch: str, get: Any) -> dict[str, Any]:
         config["head_dim"] = get("attention.key_length")
     if get("rope.scaling.type") == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": get("rope.scaling.factor")}
-    if arch == "qwen2":
-        config["architectures"] = ["Qwen2ForCausalLM"]
+    config["architectures"] = [_HF_CLASSES[arch]]
     return config
 
 

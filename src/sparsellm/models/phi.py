@@ -21,6 +21,7 @@ from .convert import (
     rename,
     rope_settings,
     split_fused,
+    split_qkv,
 )
 from .decoder import ModelArgs
 
@@ -96,12 +97,10 @@ def phi3_from_hf(raw: dict[str, np.ndarray], args: ModelArgs) -> dict[str, np.nd
 
 
 def split_phi3_fused(t: dict[str, np.ndarray], args: ModelArgs) -> None:
-    n, hd = args.num_hidden_layers, args.head_dim
-    q, kv = args.num_attention_heads * hd, args.num_key_value_heads * hd
-    split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", q), ("self_attn.k_proj", kv),
-                                          ("self_attn.v_proj", kv)], n)
+    split_qkv(t, args)
     i = args.intermediate_size
-    split_fused(t, "mlp.gate_up_proj", [("mlp.gate_proj", i), ("mlp.up_proj", i)], n)
+    split_fused(t, "mlp.gate_up_proj", [("mlp.gate_proj", i), ("mlp.up_proj", i)],
+                args.num_hidden_layers)
 
 
 # ---- GGUF (llama.cpp archs "phi2" and "phi3"; both use half-split ("neox") RoPE) -----------
@@ -122,10 +121,7 @@ def phi2_gguf_config(arch: str, get: Any) -> dict[str, Any]:
 
 
 def phi2_from_gguf(t: dict[str, np.ndarray], args: ModelArgs, arch: str) -> dict[str, np.ndarray]:
-    hd = args.head_dim  # older conversions store a fused attn_qkv
-    q, kv = args.num_attention_heads * hd, args.num_key_value_heads * hd
-    split_fused(t, "self_attn.qkv_proj", [("self_attn.q_proj", q), ("self_attn.k_proj", kv),
-                                          ("self_attn.v_proj", kv)], args.num_hidden_layers)
+    split_qkv(t, args)  # older conversions store a fused attn_qkv
     return t
 
 

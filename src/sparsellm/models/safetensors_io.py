@@ -62,10 +62,6 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     return dict(SafetensorsFile(path))
 
 
-def read_safetensors_metadata(path: str | Path) -> dict[str, str]:
-    return SafetensorsFile(path).metadata
-
-
 def write_safetensors(
     path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
 ) -> None:
