@@ -44,6 +44,16 @@ def load_records(
     return records[:limit] if limit is not None else records
 
 
+def text_columns(records: Sequence[Record], text_column: str | Sequence[str] | None) -> list[str]:
+    """The columns whose text is used: `text_column`(s), by default HumanEval's
+    prompt + canonical_solution when the records have them, else "text"."""
+    columns = [text_column] if isinstance(text_column, str) else list(text_column or [])
+    if not columns:
+        columns = ["prompt", "canonical_solution"] if records and "canonical_solution" in \
+            records[0] else ["text"]
+    return columns
+
+
 def texts_from_records(
     records: Sequence[Record],
     text_column: str | Sequence[str] | None = None,
@@ -52,10 +62,7 @@ def texts_from_records(
     """One string per record: `format_data(record)`, or the `text_column`(s) joined in order."""
     if format_data is not None:
         return [format_data(r) for r in records]
-    columns = [text_column] if isinstance(text_column, str) else list(text_column or [])
-    if not columns:
-        columns = ["prompt", "canonical_solution"] if records and "canonical_solution" in \
-            records[0] else ["text"]
+    columns = text_columns(records, text_column)
     missing = [c for c in columns if records and c not in records[0]]
     if missing:
         raise ValueError(f"text column(s) {missing} not in the dataset; it has "

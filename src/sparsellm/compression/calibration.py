@@ -104,6 +104,7 @@ def compress_weight(
         return qt.dequantize(), qt, None, qt.format
     keep = None
     if prune is not None:
+        structure = prune.structure
         if prune.method == "sparsegpt":
             if h is None:
                 raise ValueError(f"{plan.module.name}: SparseGPT needs calibration inputs")
@@ -119,12 +120,11 @@ def compress_weight(
             w = res.weight
         elif prune.method == "magnitude":
             w, keep = magnitude_prune(w, prune.sparsity, prune.prunen, prune.prunem)
-        else:  # constant: keep the zeros the weight already has (their structure is measured)
+        else:  # constant: keep the zeros the weight already has; their structure is measured
             keep = w != 0
-            if keep.all() or measured_structure(~keep) is None:
+            structure = None if keep.all() else measured_structure(~keep)
+            if structure is None:
                 keep = None
-        structure = prune.structure if prune.method != "constant" else \
-            None if keep is None else measured_structure(~keep)
         fmt = _with_sparsity(fmt, structure)
     if quant is None:
         return np.asarray(w, dtype=np.float32), None, keep, fmt

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import datasets as ds
-from ..atomic import write_json_atomic
 from ..models import Checkpoint, load_checkpoint
 from .humaneval import STOP_SEQUENCES, check_problems, execute_completions, generate_completions
 from .perplexity import perplexity_of, plan_windows, score_token_ids, token_nll
@@ -34,7 +33,6 @@ __all__ = [
     "INTEGRATIONS", "EvaluationResult", "ExecutionResult", "HumanEvalResult", "PerplexityResult",
     "evaluate", "evaluate_humaneval", "evaluate_perplexity", "format_name", "perplexity_of",
     "plan_windows", "run_program", "run_programs", "score_token_ids", "token_nll",
-    "write_json_atomic",
 ]
 
 
@@ -101,7 +99,7 @@ def evaluate(
         context = int(checkpoint.args.max_position_embeddings or MAX_DEFAULT_SEQUENCE_LENGTH)
         sequence_length = min(context, MAX_DEFAULT_SEQUENCE_LENGTH)
     if integration == "perplexity":
-        columns = _columns(records, text_column_name)
+        columns = ds.text_columns(records, text_column_name)
         return evaluate_perplexity(checkpoint, texts, columns=columns,
                                    sequence_length=sequence_length, stride=stride, **common)
     return evaluate_humaneval(checkpoint, records, sequence_length=sequence_length,
@@ -175,8 +173,6 @@ def evaluate_humaneval(
     pipeline = TextGeneration(checkpoint, sequence_length=sequence_length, batch_size=batch_size,
                               prompt_processing_sequence_length=prompt_processing_sequence_length,
                               num_cores=num_cores, weights=weights)
-    for p in problems:  # fail before generating anything
-        pipeline.generator.check_fits(pipeline.tokenizer.encode(p["prompt"]))
     with _progress(progress, len(problems), "generating", "problem") as bar:
         completions = generate_completions(pipeline, problems, max_generated_tokens, stop,
                                            on_done=lambda: bar.update(1))
@@ -206,13 +202,6 @@ def format_name(checkpoint: Checkpoint) -> str:
     """Container and weight formats: "gguf:fp32" (dequantized), "safetensors:sparse_int8", ..."""
     names = sorted({f.name for f in checkpoint.weight_formats.values()})
     return f"{checkpoint.format}:{'+'.join(names) if names else 'fp32'}"
-
-
-def _columns(records: Sequence[dict[str, Any]], text_column_name: Any) -> list[str]:
-    if text_column_name is None:
-        return ["prompt", "canonical_solution"] if "canonical_solution" in records[0] else \
-            ["text"]
-    return [text_column_name] if isinstance(text_column_name, str) else list(text_column_name)
 
 
 def _dataset_name(dataset: Any) -> str:
