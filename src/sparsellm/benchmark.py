@@ -107,11 +107,8 @@ def benchmark(
         raise ValueError(f"input_ids_length + generated_tokens ({input_ids_length} + "
                          f"{generated_tokens}) exceeds sequence_length ({sequence_length})")
     checkpoint = load_checkpoint(model)
-    engine_kwargs: dict[str, Any] = {}
-    if weights:
-        engine_kwargs["weights"] = weights
     engine = Engine(checkpoint, sequence_length=sequence_length, max_sequences=batch_size,
-                    num_cores=num_cores, **engine_kwargs)
+                    num_cores=num_cores, weights=weights)
     prompts = _prompts(checkpoint.tokenizer, batch_size, input_ids_length)
     config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
     generator = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids)

@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests waiting for a slot per model before 429s (default 64)")
     p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
     p.add_argument("--sequence-length", type=int, default=None,
-                   help="tokens per sequence, prompt + generated (default 1024)")
+                   help="tokens per sequence, prompt + generated (default: an exported "
+                   "deployment's, else 1024)")
     p.add_argument("--max-request-bytes", type=int, default=None,
                    help="largest request body accepted (default 1 MiB)")
     p.add_argument("--drain-timeout", type=float, default=None,

@@ -12,6 +12,7 @@ Model paths come only from here (the command line or the config file), never fro
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -20,13 +21,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..generation import GenerationConfig
-from ..pipeline import TEXT_GENERATION_TASKS
+from ..pipeline import TEXT_GENERATION_TASKS, TextGeneration
 
 # TextGeneration constructor arguments an endpoint's kwargs may set (besides generation defaults).
-ENGINE_KWARGS = {
-    "sequence_length", "prompt_processing_sequence_length", "batch_size", "num_cores", "weights",
-    "internal_kv_cache", "draft_model_path", "num_speculative_tokens",
-}
+ENGINE_KWARGS = set(inspect.signature(TextGeneration.__init__).parameters) - {
+    "self", "model_path", "generation_config", "generation_kwargs"}
 RESERVED_ROUTES = {"/", "/health", "/metrics", "/docs", "/redoc", "/openapi.json", "/playground"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 _ROUTE = re.compile(r"^/[A-Za-z0-9._~/-]*$")

@@ -104,11 +104,11 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"method {request.method} is not allowed on {request.url.path}"
         else:
             message = str(e.detail)
-        return JSONResponse(error_body(message, _TYPES.get(status, INVALID_REQUEST), None,
-                                       "not_found" if status == 404 else None),
-                            status_code=status, headers=getattr(e, "headers", None))
+        return error_response(APIError(status, message,
+                                       code="not_found" if status == 404 else None,
+                                       headers=getattr(e, "headers", None)))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal server error", "server_error"), status_code=500)
+        return error_response(APIError(500, "internal server error"))
