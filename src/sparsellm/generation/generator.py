@@ -33,6 +33,8 @@ class TokenEvent:
     token_id: int | None  # None when the event only carries a finish
     text: str  # new text safe to show (may be empty while a character or stop string is pending)
     finished_reason: str | None = None
+    # the token's (log-probability, {token id: log-probability} of the top ones), when requested
+    logprob: tuple[float, dict[int, float]] | None = None
 
 
 @dataclass(eq=False)
@@ -226,12 +228,19 @@ class BatchGenerator:
 
     def _emit(self, r: GenerationRequest, token: int, logits: np.ndarray) -> TokenEvent:
         """Append the chosen `token` to r and update its text and finish state."""
-        live = self.active[r]
-        live.next_token = None
         if r.return_logits:
             r.logits.append(logits[None].copy())
+        logprob = None
         if r.logprobs is not None:
-            r.token_logprobs.append(_logprobs(logits, token, r.logprobs))
+            logprob = _logprobs(logits, token, r.logprobs)
+            r.token_logprobs.append(logprob)
+        event = self._append(r, token)
+        event.logprob = logprob
+        return event
+
+    def _append(self, r: GenerationRequest, token: int) -> TokenEvent:
+        live = self.active[r]
+        live.next_token = None
         r.output_ids.append(token)
         live.history.append(token)
         cfg = r.config

@@ -34,7 +34,7 @@ from .schemas import (
     _Sampling,
     finite,
 )
-from .state import OPENAI_FINISH, Result, ServerState
+from .state import OPENAI_FINISH, ServerState
 
 # Each server-sent event: `data: <JSON chunk>` (or `data: [DONE]`).
 STREAM_CONTENT = {"text/event-stream": {"schema": {
@@ -73,9 +73,10 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
                 echo = prompts[i // body.n] if body.echo else ""
                 choices.append(CompletionChoice(
                     index=i, text=echo + r.text, finish_reason=_finish(r.finished_reason),
-                    logprobs=_completion_logprobs(tok, r, len(echo))
+                    logprobs=_completion_logprobs(tok, _logprob_entries(r), len(echo))
                     if body.logprobs is not None else None))
-            return CompletionResponse(**meta, choices=choices, usage=_usage(n_prompt, results))
+            return CompletionResponse(**meta, choices=choices,
+                                      usage=_usage(n_prompt, _completion_tokens(results)))
 
         counts = _StreamCounts(len(requests))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -91,9 +92,8 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
             counts.add(ev)
             lp = None
             if ev.logprob is not None and ev.token_id is not None:
-                r = Result(token_ids=[ev.token_id],
-                           logprobs=[(ev.token_id, *ev.logprob)])
-                lp = _completion_logprobs(tok, r, counts.offset(i, text)).model_dump()
+                lp = _completion_logprobs(tok, [(ev.token_id, *ev.logprob)],
+                                          counts.offset(i, text)).model_dump()
             if not text and lp is None and ev.finished_reason is None:
                 return []
             return [chunk([{"index": i, "text": text, "logprobs": lp,
@@ -124,10 +124,11 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
             results = await state.collect(request, served, submission)
             choices = [ChatChoice(index=i, message=AssistantMessage(content=r.text),
                                   finish_reason=_finish(r.finished_reason),
-                                  logprobs=_chat_logprobs(tok, r) if body.logprobs else None)
+                                  logprobs=_chat_logprobs(tok, _logprob_entries(r))
+                                  if body.logprobs else None)
                        for i, r in enumerate(results)]
             return ChatCompletionResponse(**meta, choices=choices,
-                                          usage=_usage(n_prompt, results))
+                                          usage=_usage(n_prompt, _completion_tokens(results)))
 
         counts = _StreamCounts(len(requests))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -144,8 +145,7 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
             counts.add(ev)
             lp = None
             if ev.logprob is not None and ev.token_id is not None:
-                r = Result(token_ids=[ev.token_id], logprobs=[(ev.token_id, *ev.logprob)])
-                lp = _chat_logprobs(tok, r).model_dump()
+                lp = _chat_logprobs(tok, [(ev.token_id, *ev.logprob)]).model_dump()
             if ev.text or lp is not None:
                 out.append(chunk([{"index": i, "delta": {"content": ev.text}, "logprobs": lp,
                                    "finish_reason": None}]))
@@ -196,9 +196,21 @@ def _finish(reason: str | None) -> str | None:
     return None if reason is None else OPENAI_FINISH.get(reason, "stop")
 
 
-def _usage(n_prompt: int, results: list[Result]) -> Usage:
-    n = sum(len(r.token_ids) for r in results)
-    return Usage(prompt_tokens=n_prompt, completion_tokens=n, total_tokens=n_prompt + n)
+def _usage(n_prompt: int, n_completion: int) -> Usage:
+    return Usage(prompt_tokens=n_prompt, completion_tokens=n_completion,
+                 total_tokens=n_prompt + n_completion)
+
+
+def _completion_tokens(results: list[GenerationRequest]) -> int:
+    return sum(len(r.output_ids) for r in results)
+
+
+# (token id, its log-probability, {token id: log-probability} of the top ones)
+LogprobEntry = tuple[int, float, dict[int, float]]
+
+
+def _logprob_entries(r: GenerationRequest) -> list[LogprobEntry]:
+    return [(t, lp, top) for t, (lp, top) in zip(r.output_ids, r.token_logprobs, strict=True)]
 
 
 class _StreamCounts:
@@ -223,18 +235,18 @@ class _StreamCounts:
         return start
 
     def usage(self, n_prompt: int) -> dict[str, int]:
-        return {"prompt_tokens": n_prompt, "completion_tokens": self.tokens,
-                "total_tokens": n_prompt + self.tokens}
+        return _usage(n_prompt, self.tokens).model_dump()
 
 
 def _token_text(tok: Any, token_id: int) -> str:
     return tok.decode([token_id])
 
 
-def _completion_logprobs(tok: Any, r: Result, start: int) -> CompletionLogprobs:
+def _completion_logprobs(tok: Any, entries: list[LogprobEntry], start: int
+                         ) -> CompletionLogprobs:
     tokens, lps, tops, offsets = [], [], [], []
     offset = start
-    for token_id, lp, top in r.logprobs:
+    for token_id, lp, top in entries:
         text = _token_text(tok, token_id)
         tokens.append(text)
         lps.append(finite(lp))
@@ -245,9 +257,9 @@ def _completion_logprobs(tok: Any, r: Result, start: int) -> CompletionLogprobs:
                               text_offset=offsets)
 
 
-def _chat_logprobs(tok: Any, r: Result) -> ChatLogprobs:
+def _chat_logprobs(tok: Any, entries: list[LogprobEntry]) -> ChatLogprobs:
     content = []
-    for token_id, lp, top in r.logprobs:
+    for token_id, lp, top in entries:
         text = _token_text(tok, token_id)
         content.append(TokenLogprob(
             token=text, logprob=finite(lp), bytes=list(text.encode()),

@@ -94,7 +94,6 @@ class _Stream:
         self.submission, self.index, self.request = submission, index, request
         self.submitted = time.perf_counter()
         self.first_token: float | None = None
-        self.tokens = 0  # events with a token so far (indexes request.token_logprobs)
         self.done = False
 
     def put(self, event: StreamEvent) -> None:
@@ -168,19 +167,14 @@ class Scheduler:
         return on_event
 
     def _dispatch(self, stream: _Stream, event: TokenEvent) -> None:
-        r = stream.request
-        logprob = None
         if event.token_id is not None:
-            if r.logprobs is not None and stream.tokens < len(r.token_logprobs):
-                logprob = r.token_logprobs[stream.tokens]
-            stream.tokens += 1
             self.metrics.add_tokens(self.name, 1)
             if stream.first_token is None:
                 stream.first_token = time.perf_counter()
                 self.metrics.observe_ttft(self.name, stream.first_token - stream.submitted)
         if event.finished_reason is not None:
             self._done(stream)
-        stream.put(StreamEvent(event.token_id, event.text, event.finished_reason, logprob))
+        stream.put(StreamEvent(event.token_id, event.text, event.finished_reason, event.logprob))
 
     def _done(self, stream: _Stream) -> None:
         if stream.done:

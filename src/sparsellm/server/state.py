@@ -29,24 +29,6 @@ OPENAI_FINISH = {"stop": "stop", "length": "length", "capacity": "length", "canc
 
 
 @dataclass
-class Result:
-    """Everything one request produced."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finished_reason: str | None = None
-    logprobs: list[tuple[int, float, dict[int, float]]] = field(default_factory=list)
-
-    def add(self, event: StreamEvent) -> None:
-        self.text += event.text
-        if event.token_id is not None:
-            self.token_ids.append(event.token_id)
-            if event.logprob is not None:
-                self.logprobs.append((event.token_id, *event.logprob))
-        self.finished_reason = event.finished_reason or self.finished_reason
-
-
-@dataclass
 class ServerState:
     config: ServerConfig
     endpoints: list[Endpoint]
@@ -125,15 +107,14 @@ class ServerState:
         return submission
 
     async def collect(self, request: Request, served: ServedModel,
-                      submission: Submission) -> list[Result]:
-        """Wait for all results; cancel the generation if the client disconnects first."""
-        results = [Result() for _ in submission.requests]
+                      submission: Submission) -> list[GenerationRequest]:
+        """Wait until every request has finished (its text, tokens and logprobs are then on
+        it); cancel the generation if the client disconnects first."""
 
         async def gather() -> None:
-            async for index, event in submission.events():
+            async for _, event in submission.events():
                 if event.error:
                     raise APIError(500, event.error, type="server_error")
-                results[index].add(event)
 
         task = asyncio.ensure_future(gather())
         watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
@@ -147,7 +128,7 @@ class ServerState:
                 self.metrics.add_disconnect()
         if task.done() and not task.cancelled():
             task.result()  # re-raise a generation error
-        return results
+        return list(submission.requests)
 
     def stream(self, served: ServedModel, submission: Submission,
                format_event: Callable[[int, StreamEvent], list[dict[str, Any]]],
