@@ -78,12 +78,8 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
             return CompletionResponse(**meta, choices=choices,
                                       usage=_usage(n_prompt, _completion_tokens(results)))
 
-        counts = _StreamCounts(len(requests))
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-            out = {**meta, "object": "text_completion", "choices": choices}
-            return {**out, "usage": None} if include_usage else out
+        counts = _StreamCounts(body, meta, "text_completion", len(requests), n_prompt)
+        chunk = counts.chunk
 
         def on_event(i: int, ev: StreamEvent) -> list[dict[str, Any]]:
             text = ev.text
@@ -99,10 +95,7 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
             return [chunk([{"index": i, "text": text, "logprobs": lp,
                             "finish_reason": _finish(ev.finished_reason)}])]
 
-        def closing() -> list[dict[str, Any]]:
-            return [chunk([]) | {"usage": counts.usage(n_prompt)}] if include_usage else []
-
-        return state.stream(served, submission, on_event, closing)
+        return state.stream(served, submission, on_event, counts.closing)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses=stream_responses, tags=["openai"])
@@ -130,12 +123,8 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
             return ChatCompletionResponse(**meta, choices=choices,
                                           usage=_usage(n_prompt, _completion_tokens(results)))
 
-        counts = _StreamCounts(len(requests))
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-            out = {**meta, "object": "chat.completion.chunk", "choices": choices}
-            return {**out, "usage": None} if include_usage else out
+        counts = _StreamCounts(body, meta, "chat.completion.chunk", len(requests), n_prompt)
+        chunk = counts.chunk
 
         def on_event(i: int, ev: StreamEvent) -> list[dict[str, Any]]:
             out = []
@@ -154,10 +143,7 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
                                    "finish_reason": _finish(ev.finished_reason)}]))
             return out
 
-        def closing() -> list[dict[str, Any]]:
-            return [chunk([]) | {"usage": counts.usage(n_prompt)}] if include_usage else []
-
-        return state.stream(served, submission, on_event, closing)
+        return state.stream(served, submission, on_event, counts.closing)
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -214,12 +200,25 @@ def _logprob_entries(r: GenerationRequest) -> list[LogprobEntry]:
 
 
 class _StreamCounts:
-    """Per-choice bookkeeping while streaming: first event seen, tokens, text offsets."""
+    """One streamed response: its chunk framing (`meta`, the chunk object name, usage when
+    stream_options asks) and per-choice bookkeeping (first event seen, tokens, text offsets)."""
 
-    def __init__(self, n: int):
+    def __init__(self, body: Any, meta: dict[str, Any], object_name: str, n: int, n_prompt: int):
+        self.meta, self.object_name, self.n_prompt = meta, object_name, n_prompt
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.seen = [False] * n
         self.text_len = [0] * n
         self.tokens = 0
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        out = {**self.meta, "object": self.object_name, "choices": choices}
+        return {**out, "usage": None} if self.include_usage else out
+
+    def closing(self) -> list[dict[str, Any]]:
+        """After the last event: a usage chunk, if asked for."""
+        if not self.include_usage:
+            return []
+        return [self.chunk([]) | {"usage": _usage(self.n_prompt, self.tokens).model_dump()}]
 
     def first(self, i: int) -> bool:
         was = self.seen[i]
@@ -233,9 +232,6 @@ class _StreamCounts:
         start = self.text_len[i]
         self.text_len[i] += len(text)
         return start
-
-    def usage(self, n_prompt: int) -> dict[str, int]:
-        return _usage(n_prompt, self.tokens).model_dump()
 
 
 def _token_text(tok: Any, token_id: int) -> str:
