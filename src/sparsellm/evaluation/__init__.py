@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,10 @@ MAX_DEFAULT_SEQUENCE_LENGTH = 2048
 DEFAULT_MAX_GENERATED_TOKENS = 384
 
 __all__ = [
-    "INTEGRATIONS", "EvaluationResult", "ExecutionResult", "HumanEvalResult", "PerplexityResult",
-    "evaluate", "evaluate_humaneval", "evaluate_perplexity", "format_name", "perplexity_of",
-    "plan_windows", "run_program", "run_programs", "score_token_ids", "token_nll",
+    "INTEGRATIONS", "EvalSettings", "EvaluationResult", "ExecutionResult", "HumanEvalResult",
+    "PerplexityResult", "evaluate", "evaluate_humaneval", "evaluate_perplexity", "format_name",
+    "perplexity_of", "plan_windows", "run_program", "run_programs", "score_token_ids",
+    "token_nll",
 ]
 
 
@@ -88,59 +90,76 @@ def evaluate(
     else:
         check_problems(records)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-    common: dict[str, Any] = dict(
-        model=(str(model) if not isinstance(model, Checkpoint) else str(checkpoint.path)) +
-        (f" [{weights}]" if weights else ""),
-        dataset=_dataset_name(datasets), limit=limit, batch_size=batch_size,
-        prompt_processing_sequence_length=prompt_processing_sequence_length,
-        num_cores=num_cores, weights=weights, progress=progress,
-    )
     if sequence_length is None:
         context = int(checkpoint.args.max_position_embeddings or MAX_DEFAULT_SEQUENCE_LENGTH)
         sequence_length = min(context, MAX_DEFAULT_SEQUENCE_LENGTH)
+    settings = EvalSettings(
+        model=(str(model) if not isinstance(model, Checkpoint) else str(checkpoint.path)) +
+        (f" [{weights}]" if weights else ""),
+        dataset=_dataset_name(datasets), sequence_length=sequence_length, limit=limit,
+        batch_size=batch_size, prompt_processing_sequence_length=prompt_processing_sequence_length,
+        num_cores=num_cores, weights=weights, progress=progress,
+    )
     if integration == "perplexity":
-        columns = ds.text_columns(records, text_column_name)
-        return evaluate_perplexity(checkpoint, texts, columns=columns,
-                                   sequence_length=sequence_length, stride=stride, **common)
-    return evaluate_humaneval(checkpoint, records, sequence_length=sequence_length,
-                              max_generated_tokens=max_generated_tokens, timeout=timeout,
-                              **common)
+        return evaluate_perplexity(checkpoint, texts, settings, stride=stride,
+                                   columns=ds.text_columns(records, text_column_name))
+    return evaluate_humaneval(checkpoint, records, settings,
+                              max_generated_tokens=max_generated_tokens, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What both integrations share: how the model runs and how its result is labelled."""
+
+    model: str  # the result's model label
+    dataset: str
+    sequence_length: int
+    limit: int | None = None
+    batch_size: int = 4
+    prompt_processing_sequence_length: int = 128
+    num_cores: int | None = None
+    weights: str | None = None
+    progress: bool | None = None
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Engine / TextGeneration settings (besides how many sequences run together)."""
+        return dict(sequence_length=self.sequence_length, num_cores=self.num_cores,
+                    prompt_processing_sequence_length=self.prompt_processing_sequence_length,
+                    weights=self.weights)
+
+    def result_header(self, checkpoint: Checkpoint, samples: int, start: float
+                      ) -> dict[str, Any]:
+        """The EvaluationResult fields every result has."""
+        return dict(model=self.model, format=format_name(checkpoint), dataset=self.dataset,
+                    samples=samples, seconds=round(time.perf_counter() - start, 3),
+                    limit=self.limit, sequence_length=self.sequence_length,
+                    batch_size=self.batch_size)
 
 
 def evaluate_perplexity(
     checkpoint: Checkpoint,
     texts: Sequence[str],
+    settings: EvalSettings,
     *,
-    model: str,
-    dataset: str,
-    sequence_length: int,
     stride: int | None = None,
     columns: Sequence[str] = (),
-    limit: int | None = None,
-    batch_size: int = 4,
-    prompt_processing_sequence_length: int = 128,
-    num_cores: int | None = None,
-    weights: str | None = None,
-    progress: bool | None = None,
 ) -> PerplexityResult:
     """Perplexity of `texts` (see the module `perplexity` for the convention)."""
     from ..engine import Engine
 
-    if sequence_length < 2:
-        raise ValueError(f"sequence_length must be at least 2, got {sequence_length}")
-    stride = sequence_length // 2 if stride is None else stride
-    plan_windows(2, sequence_length, stride)  # validates the stride
+    length = settings.sequence_length
+    if length < 2:
+        raise ValueError(f"sequence_length must be at least 2, got {length}")
+    stride = length // 2 if stride is None else stride
+    plan_windows(2, length, stride)  # validates the stride
     start = time.perf_counter()
-    engine = Engine(checkpoint, sequence_length=sequence_length, max_sequences=batch_size,
-                    prompt_processing_sequence_length=prompt_processing_sequence_length,
-                    num_cores=num_cores, weights=weights)
+    engine = Engine(checkpoint, max_sequences=settings.batch_size, **settings.engine_kwargs())
     ids = [checkpoint.tokenizer.encode(t) for t in texts]
-    with _progress(progress, sum(max(0, len(i) - 1) for i in ids), "scoring", "tok") as bar:
-        totals = score_token_ids(engine, ids, sequence_length, stride, on_scored=bar.update)
+    with _progress(settings.progress, sum(max(0, len(i) - 1) for i in ids), "scoring",
+                   "tok") as bar:
+        totals = score_token_ids(engine, ids, length, stride, on_scored=bar.update)
     return PerplexityResult(
-        model=model, format=format_name(checkpoint), dataset=dataset, samples=len(texts),
-        seconds=round(time.perf_counter() - start, 3), limit=limit,
-        sequence_length=sequence_length, batch_size=batch_size,
+        **settings.result_header(checkpoint, len(texts), start),
         perplexity=perplexity_of(totals), tokens=totals.tokens, nll=totals.nll,
         columns=list(columns), stride=stride,
     )
@@ -149,19 +168,11 @@ def evaluate_perplexity(
 def evaluate_humaneval(
     checkpoint: Checkpoint,
     problems: Sequence[dict[str, Any]],
+    settings: EvalSettings,
     *,
-    model: str,
-    dataset: str,
-    sequence_length: int,
     max_generated_tokens: int = DEFAULT_MAX_GENERATED_TOKENS,
     stop: Sequence[str] = STOP_SEQUENCES,
     timeout: float = 5.0,
-    limit: int | None = None,
-    batch_size: int = 4,
-    prompt_processing_sequence_length: int = 128,
-    num_cores: int | None = None,
-    weights: str | None = None,
-    progress: bool | None = None,
     workers: int | None = None,
 ) -> HumanEvalResult:
     """pass@1 of greedy completions of HumanEval-style problems (task_id, prompt, test,
@@ -170,13 +181,12 @@ def evaluate_humaneval(
 
     check_problems(problems)
     start = time.perf_counter()
-    pipeline = TextGeneration(checkpoint, sequence_length=sequence_length, batch_size=batch_size,
-                              prompt_processing_sequence_length=prompt_processing_sequence_length,
-                              num_cores=num_cores, weights=weights)
-    with _progress(progress, len(problems), "generating", "problem") as bar:
+    pipeline = TextGeneration(checkpoint, batch_size=settings.batch_size,
+                              **settings.engine_kwargs())
+    with _progress(settings.progress, len(problems), "generating", "problem") as bar:
         completions = generate_completions(pipeline, problems, max_generated_tokens, stop,
                                            on_done=lambda: bar.update(1))
-    with _progress(progress, len(problems), "executing", "program") as bar:
+    with _progress(settings.progress, len(problems), "executing", "program") as bar:
         executions = execute_completions(problems, completions, timeout, workers,
                                          on_result=lambda i, r: bar.update(1))
     count = {s: sum(e.status == s for e in executions)
@@ -188,9 +198,7 @@ def evaluate_humaneval(
         for c, e in zip(completions, executions, strict=True)
     ]
     return HumanEvalResult(
-        model=model, format=format_name(checkpoint), dataset=dataset, samples=len(problems),
-        seconds=round(time.perf_counter() - start, 3), limit=limit,
-        sequence_length=sequence_length, batch_size=batch_size,
+        **settings.result_header(checkpoint, len(problems), start),
         pass_at_1=count["passed"] / len(problems), passed=count["passed"],
         failed=count["failed"], timeouts=count["timeout"], crashed=count["crashed"],
         max_generated_tokens=max_generated_tokens, stop=list(stop), timeout=timeout,
