@@ -11,7 +11,7 @@
 namespace sl {
 
 // ---------------------------------------------------------------------------------------------
-// ISA selection and threads (cpu.cpp)
+// ISA selection (cpu.cpp; threads: threads.h)
 // ---------------------------------------------------------------------------------------------
 enum class Isa { Scalar = 0, Avx2 = 1 };
 
@@ -19,8 +19,6 @@ bool cpu_supports_avx2();     // AVX2 + FMA + F16C + POPCNT, checked once with c
 Isa active_isa();             // what kernels dispatch to now (default: best supported)
 void set_isa(const std::string& name);  // "scalar" | "avx2" | "auto"; throws if unsupported
 inline bool use_avx2() { return active_isa() == Isa::Avx2; }
-int num_threads();
-void set_num_threads(int n);  // n <= 0 -> all cores
 
 // All packed rows are padded to a multiple of this many columns (zeros in the weights, zeros
 // in the activations) so kernels never need a tail loop. SmolLM2 / Llama widths are multiples.

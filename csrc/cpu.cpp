@@ -1,6 +1,4 @@
-// Run-time ISA detection and selection, OpenMP thread count, half-float conversion.
-#include <omp.h>
-
+// Run-time ISA detection and selection, half-float conversion.
 #include <atomic>
 #include <cstring>
 #include <stdexcept>
@@ -44,10 +42,6 @@ void set_isa(const std::string& name) {
                                 "'; accepted: 'scalar', 'avx2', 'auto'");
   }
 }
-
-int num_threads() { return omp_get_max_threads(); }
-
-void set_num_threads(int n) { omp_set_num_threads(n > 0 ? n : omp_get_num_procs()); }
 
 float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;

@@ -1,11 +1,11 @@
 // Linear-layer driver shared by the Python `linear()` and NativeModel.
 #include "linear.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+
+#include "threads.h"
 
 namespace sl {
 
@@ -57,7 +57,7 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(xq, size_t(T * kp));
   grow(xscale, size_t(T));
   grow(gsum, size_t(kMaxMulti * T * kp / 32));
-  grow(panel, size_t(omp_get_max_threads() * kPanelRows * kp));
+  grow(panel, size_t(num_threads() * kPanelRows * kp));
 }
 
 static void quantize(const float* x, int64_t n, int8_t* q, float* scale) {
@@ -106,20 +106,17 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
   }
   const bool v = use_avx2();
   const int64_t npanels = (w.rows + kPanelRows - 1) / kPanelRows;
-#pragma omp parallel for schedule(static) if (w.rows * kp * T >= 16 * kMinParallelWork)
-  for (int64_t p = 0; p < npanels; ++p) {
-    const int64_t r0 = p * kPanelRows, r1 = std::min(w.rows, r0 + kPanelRows);
-    const float* panel;
-    if (w.fmt == Fmt::F32) {
-      panel = static_cast<const float*>(w.data) + r0 * kp;
-    } else {
-      float* buf = s.panel.data() + omp_get_thread_num() * kPanelRows * kp;
-      scalar::decode_rows(w, r0, r1, buf);
-      panel = buf;
+  parallel(w.rows * kp * T >= 16 * kMinParallelWork, [&](int id, int nt) {
+    float* buf = s.panel.data() + id * kPanelRows * kp;
+    for (int64_t p = id * npanels / nt; p < (id + 1) * npanels / nt; ++p) {
+      const int64_t r0 = p * kPanelRows, r1 = std::min(w.rows, r0 + kPanelRows);
+      const float* panel = buf;
+      if (w.fmt == Fmt::F32) panel = static_cast<const float*>(w.data) + r0 * kp;
+      else scalar::decode_rows(w, r0, r1, buf);
+      if (v) avx2::panel_gemm(panel, kp, r1 - r0, xp, kp, T, kp, y + r0, ldy);
+      else scalar::panel_gemm(panel, kp, r1 - r0, xp, kp, T, kp, y + r0, ldy);
     }
-    if (v) avx2::panel_gemm(panel, kp, r1 - r0, xp, kp, T, kp, y + r0, ldy);
-    else scalar::panel_gemm(panel, kp, r1 - r0, xp, kp, T, kp, y + r0, ldy);
-  }
+  });
 }
 
 // The GEMV path for n weights with the same padded width: activations prepared once, then one
@@ -159,18 +156,14 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     }
     fns[i] = pick_gemv(w);
   }
-#pragma omp parallel if (total_rows * kp * T >= kMinParallelWork)
-  {
-    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t per = (total_rows + nt - 1) / nt;
-    const int64_t lo = std::min(total_rows, id * per), hi = std::min(total_rows, lo + per);
+  parallel_for(total_rows, total_rows * kp * T >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
     int64_t base = 0;
     for (int i = 0; i < n; ++i) {
       const int64_t r0 = std::max(lo, base) - base, r1 = std::min(hi, base + ws[i]->rows) - base;
       if (r0 < r1) fns[i](*ws[i], acts[i], ys[i], ldys[i], r0, r1);
       base += ws[i]->rows;
     }
-  }
+  });
 }
 
 void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,

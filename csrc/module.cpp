@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "linear.h"
 #include "model.h"
 #include "ops.h"
+#include "threads.h"
 
 namespace py = pybind11;
 using namespace sl;
@@ -192,7 +194,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("get_isa", [] { return active_isa() == Isa::Avx2 ? "avx2" : "scalar"; });
   m.def("set_isa", &set_isa, py::arg("name"), "Kernel ISA: 'scalar', 'avx2' or 'auto'");
   m.def("get_num_threads", &num_threads);
-  m.def("set_num_threads", &set_num_threads, py::arg("n"), "OpenMP threads (<= 0: all cores)");
+  m.def("set_num_threads", &set_num_threads, py::arg("n"), "worker threads (<= 0: all cores)");
   m.def("set_gemv_max_tokens", &set_gemv_max_tokens, py::arg("n"),
         "Largest T served by the multi-token GEMV (above: decoded-panel GEMM) for every format; "
         "0: the per-format defaults. For measurements");
@@ -249,7 +251,7 @@ PYBIND11_MODULE(_native, m) {
       "read_bandwidth",
       [](int64_t nbytes, int64_t reps) {
         // The ceiling GEMVs are compared with, measured in the same run (these machines are
-        // noisy): an OpenMP sum over a buffer larger than the last-level cache, best of reps.
+        // noisy): a parallel sum over a buffer larger than the last-level cache, best of reps.
         std::vector<uint64_t> buf(size_t(nbytes / 8), 1);
         const uint64_t* b = buf.data();
         const int64_t n = int64_t(buf.size());
@@ -258,9 +260,12 @@ PYBIND11_MODULE(_native, m) {
         uint64_t sink = 0;
         for (int64_t r = 0; r < reps; ++r) {
           const auto t0 = std::chrono::steady_clock::now();
-          uint64_t total = 0;
-#pragma omp parallel for reduction(+ : total) schedule(static)
-          for (int64_t i = 0; i < n; ++i) total += b[i];
+          std::atomic<uint64_t> total{0};
+          parallel_for(n, true, [&](int64_t i0, int64_t i1) {
+            uint64_t part = 0;
+            for (int64_t i = i0; i < i1; ++i) part += b[i];
+            total += part;
+          });
           const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
           best = std::min(best, dt.count());
           sink += total;

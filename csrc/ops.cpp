@@ -1,10 +1,11 @@
 // Transformer ops: dispatch + portable scalar reference (the AVX2 twins are in ops_avx2.cpp).
 #include "ops.h"
 
-#include <omp.h>
-
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+
+#include "threads.h"
 
 namespace sl {
 
@@ -44,52 +45,54 @@ void softmax_inplace(float* x, int64_t n) {
 
 void rms_norm(const float* x, const float* w, float* out, int64_t T, int64_t D, float eps) {
   const bool v = use_avx2();
-#pragma omp parallel for schedule(static) if (T > 16)
-  for (int64_t t = 0; t < T; ++t) {
-    if (v) avx2::rms_norm_row(x + t * D, w, out + t * D, D, eps);
-    else scalar::rms_norm_row(x + t * D, w, out + t * D, D, eps);
-  }
+  parallel_for(T, T > 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      if (v) avx2::rms_norm_row(x + t * D, w, out + t * D, D, eps);
+      else scalar::rms_norm_row(x + t * D, w, out + t * D, D, eps);
+    }
+  });
 }
 
 void layer_norm(const float* x, const float* w, const float* b, float* out, int64_t T, int64_t D,
                 float eps) {
-#pragma omp parallel for schedule(static) if (T > 16)
-  for (int64_t t = 0; t < T; ++t) {
-    const float* xr = x + t * D;
-    float* o = out + t * D;
-    double sum = 0.0;
-    for (int64_t i = 0; i < D; ++i) sum += xr[i];
-    const double mean = sum / double(D);
-    double ss = 0.0;
-    for (int64_t i = 0; i < D; ++i) ss += (xr[i] - mean) * (xr[i] - mean);
-    const float inv = 1.0f / std::sqrt(float(ss / double(D)) + eps);
-    const float m = float(mean);
-    for (int64_t i = 0; i < D; ++i) o[i] = (xr[i] - m) * inv * w[i] + (b ? b[i] : 0.f);
-  }
+  parallel_for(T, T > 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xr = x + t * D;
+      float* o = out + t * D;
+      double sum = 0.0;
+      for (int64_t i = 0; i < D; ++i) sum += xr[i];
+      const double mean = sum / double(D);
+      double ss = 0.0;
+      for (int64_t i = 0; i < D; ++i) ss += (xr[i] - mean) * (xr[i] - mean);
+      const float inv = 1.0f / std::sqrt(float(ss / double(D)) + eps);
+      const float m = float(mean);
+      for (int64_t i = 0; i < D; ++i) o[i] = (xr[i] - m) * inv * w[i] + (b ? b[i] : 0.f);
+    }
+  });
 }
 
 void activation(float* x, int64_t n, Activation act) {
   constexpr int64_t kParallel = 1 << 15;  // parallel only when it pays (prefill)
   constexpr float kSqrt2OverPi = 0.7978845608028654f, kInvSqrt2 = 0.7071067811865476f;
+  const auto apply = [&](auto f) {
+    parallel_for(n, n > kParallel, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) x[i] = f(x[i]);
+    });
+  };
   switch (act) {
     case Activation::Silu:
-#pragma omp parallel for schedule(static) if (n > kParallel)
-      for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
+      apply([](float v) { return v / (1.0f + std::exp(-v)); });
       break;
     case Activation::GeluTanh:
-#pragma omp parallel for schedule(static) if (n > kParallel)
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = x[i];
-        x[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
-      }
+      apply([=](float v) {
+        return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+      });
       break;
     case Activation::Gelu:
-#pragma omp parallel for schedule(static) if (n > kParallel)
-      for (int64_t i = 0; i < n; ++i) x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
+      apply([=](float v) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); });
       break;
     case Activation::Relu:
-#pragma omp parallel for schedule(static) if (n > kParallel)
-      for (int64_t i = 0; i < n; ++i) x[i] = std::max(x[i], 0.0f);
+      apply([](float v) { return std::max(v, 0.0f); });
       break;
   }
 }
@@ -127,12 +130,11 @@ void swiglu(const float* g, const float* u, float* out, int64_t n) {
   const bool v = use_avx2();
   constexpr int64_t kChunk = 4096;  // parallel only when it pays (prefill)
   const int64_t nchunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (nchunks > 2)
-  for (int64_t c = 0; c < nchunks; ++c) {
-    const int64_t i0 = c * kChunk, m = std::min(kChunk, n - i0);
+  parallel_for(nchunks, nchunks > 2, [&](int64_t c0, int64_t c1) {
+    const int64_t i0 = c0 * kChunk, m = std::min(c1 * kChunk, n) - i0;
     if (v) avx2::swiglu(g + i0, u + i0, out + i0, m);
     else scalar::swiglu(g + i0, u + i0, out + i0, m);
-  }
+  });
 }
 
 void add_inplace(float* x, const float* y, int64_t n) {
@@ -148,33 +150,37 @@ void attention(const float* q, int64_t ldq, const float* kc, const float* vc, co
                std::vector<float>& scores) {
   const bool v = use_avx2();
   const int64_t group = s.H / s.KV;
-  if (int64_t(scores.size()) < omp_get_max_threads() * s.cap)
-    scores.resize(size_t(omp_get_max_threads() * s.cap));
+  if (int64_t(scores.size()) < num_threads() * s.cap) scores.resize(size_t(num_threads() * s.cap));
   auto dot = v ? avx2::dot : scalar::dot;
   auto axpy = v ? avx2::axpy : scalar::axpy;
   auto softmax = v ? avx2::softmax_inplace : scalar::softmax_inplace;
-  // One task per (token, head); causal prefill rows differ in length -> dynamic schedule.
+  // One task per (token, head); causal prefill rows differ in length -> handed out in
+  // chunks of 4 from a shared counter.
   // Work ~ T * H * keys * hd. A decode step's attention (one token, a few hundred keys: ~10 us
   // on one core) stays on one thread: its fork/join would cost as much, and it is one of the
   // ~5 parallel regions per layer in which a preempted worker thread stalls the whole step.
   int64_t keys = 0;
   for (int64_t t = 0; t < s.T; ++t) keys += pos[t] + 1;
-#pragma omp parallel for schedule(dynamic, 4) if (keys * s.H * s.hd >= (int64_t(1) << 20))
-  for (int64_t th = 0; th < s.T * s.H; ++th) {
-    const int64_t t = th / s.H, h = th % s.H, kvh = h / group;
-    const int64_t p = pos[t];
-    const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
-    const int64_t n = p + 1 - first;
-    const float* qv = q + t * ldq + h * s.hd;
-    const float* K = kc + ((slots[t] * s.KV + kvh) * s.cap + first) * s.hd;  // (n, hd)
-    const float* V = vc + ((slots[t] * s.KV + kvh) * s.cap + first) * s.hd;
-    float* sc = scores.data() + omp_get_thread_num() * s.cap;
-    for (int64_t j = 0; j < n; ++j) sc[j] = dot(qv, K + j * s.hd, s.hd) * s.scale;
-    softmax(sc, n);
-    float* o = out + t * ldo + h * s.hd;
-    std::fill(o, o + s.hd, 0.f);
-    for (int64_t j = 0; j < n; ++j) axpy(sc[j], V + j * s.hd, o, s.hd);
-  }
+  const int64_t tasks = s.T * s.H;
+  std::atomic<int64_t> next{0};
+  parallel(keys * s.H * s.hd >= (int64_t(1) << 20), [&](int id, int) {
+    float* sc = scores.data() + id * s.cap;
+    for (int64_t c0; (c0 = next.fetch_add(4, std::memory_order_relaxed)) < tasks;)
+      for (int64_t th = c0; th < std::min(tasks, c0 + 4); ++th) {
+        const int64_t t = th / s.H, h = th % s.H, kvh = h / group;
+        const int64_t p = pos[t];
+        const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
+        const int64_t n = p + 1 - first;
+        const float* qv = q + t * ldq + h * s.hd;
+        const float* K = kc + ((slots[t] * s.KV + kvh) * s.cap + first) * s.hd;  // (n, hd)
+        const float* V = vc + ((slots[t] * s.KV + kvh) * s.cap + first) * s.hd;
+        for (int64_t j = 0; j < n; ++j) sc[j] = dot(qv, K + j * s.hd, s.hd) * s.scale;
+        softmax(sc, n);
+        float* o = out + t * ldo + h * s.hd;
+        std::fill(o, o + s.hd, 0.f);
+        for (int64_t j = 0; j < n; ++j) axpy(sc[j], V + j * s.hd, o, s.hd);
+      }
+  });
 }
 
 }  // namespace sl

@@ -108,7 +108,7 @@ def get_isa() -> str:
 
 
 def set_num_threads(n: int) -> None:
-    """OpenMP threads for all kernels; n <= 0 means all cores (the default)."""
+    """Worker threads for all kernels (csrc/threads.h); n <= 0 means all cores (the default)."""
     native().set_num_threads(int(n))
 
 
