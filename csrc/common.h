@@ -13,12 +13,16 @@ namespace sl {
 // ---------------------------------------------------------------------------------------------
 // ISA selection (cpu.cpp; threads: threads.h)
 // ---------------------------------------------------------------------------------------------
-enum class Isa { Scalar = 0, Avx2 = 1 };
+// Avx512 adds the int8 kernels of gemv_avx512.cpp to the AVX2 set (every other kernel stays
+// AVX2 there); it implies AVX2.
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
 bool cpu_supports_avx2();     // AVX2 + FMA + F16C + POPCNT, checked once with cpuid
+bool cpu_supports_avx512();   // AVX2 set + AVX512 F/BW/VL/VNNI/VBMI2
 Isa active_isa();             // what kernels dispatch to now (default: best supported)
-void set_isa(const std::string& name);  // "scalar" | "avx2" | "auto"; throws if unsupported
-inline bool use_avx2() { return active_isa() == Isa::Avx2; }
+void set_isa(const std::string& name);  // "scalar" | "avx2" | "avx512" | "auto"; throws if unsupported
+inline bool use_avx2() { return active_isa() >= Isa::Avx2; }
+inline bool use_avx512() { return active_isa() == Isa::Avx512; }
 
 // All packed rows are padded to a multiple of this many columns (zeros in the weights, zeros
 // in the activations) so kernels never need a tail loop. SmolLM2 / Llama widths are multiples.
@@ -73,6 +77,7 @@ struct Acts {
   const float* x = nullptr;       // (T, kp) fp32
   const int8_t* xq = nullptr;     // (T, kp) int8, act_int8 formats only
   const float* xscale = nullptr;  // (T,) x[t] ~= xq[t] * xscale[t]
+  const int32_t* xsum = nullptr;  // (T,) sum of xq[t], act_int8 formats only
   const float* gsum = nullptr;    // (T, kp/group) I4 only: per-group sums of x (xq for W4A8)
 };
 
@@ -105,6 +110,11 @@ void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t
                 int64_t k, float* Y, int64_t ldy);
 void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 }  // namespace avx2
+
+namespace avx512 {
+void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+}  // namespace avx512
 
 // Half / bfloat16 <-> float, portable.
 float half_to_float(uint16_t h);

@@ -17,12 +17,26 @@ bool cpu_supports_avx2() {
   return ok;
 }
 
+bool cpu_supports_avx512() {
+  static const bool ok = [] {
+    __builtin_cpu_init();  // also checks that the OS saves the ZMM state
+    return cpu_supports_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi2");
+  }();
+  return ok;
+}
+
+static Isa best_isa() {
+  return cpu_supports_avx512() ? Isa::Avx512 : cpu_supports_avx2() ? Isa::Avx2 : Isa::Scalar;
+}
+
 static std::atomic<int> g_isa{-1};
 
 Isa active_isa() {
   int v = g_isa.load(std::memory_order_relaxed);
   if (v < 0) {
-    v = int(cpu_supports_avx2() ? Isa::Avx2 : Isa::Scalar);
+    v = int(best_isa());
     g_isa.store(v, std::memory_order_relaxed);
   }
   return Isa(v);
@@ -35,11 +49,16 @@ void set_isa(const std::string& name) {
     if (!cpu_supports_avx2())
       throw std::runtime_error("set_isa('avx2'): this CPU lacks AVX2/FMA/F16C; use 'scalar'");
     g_isa = int(Isa::Avx2);
+  } else if (name == "avx512") {
+    if (!cpu_supports_avx512())
+      throw std::runtime_error(
+          "set_isa('avx512'): this CPU lacks AVX512 F/BW/VL/VNNI/VBMI2; use 'avx2' or 'scalar'");
+    g_isa = int(Isa::Avx512);
   } else if (name == "auto") {
-    g_isa = int(cpu_supports_avx2() ? Isa::Avx2 : Isa::Scalar);
+    g_isa = int(best_isa());
   } else {
     throw std::invalid_argument("set_isa: unknown ISA '" + name +
-                                "'; accepted: 'scalar', 'avx2', 'auto'");
+                                "'; accepted: 'scalar', 'avx2', 'avx512', 'auto'");
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "threads.h"
@@ -11,13 +12,16 @@ namespace sl {
 
 using GemvFn = void (*)(const Weight&, const Acts&, float*, int64_t, int64_t, int64_t);
 
-static GemvFn pick_gemv(const Weight& w) {
+// T: tokens of the call. Dense W8A8 uses VNNI only for T > 1: at T == 1 both ISAs stream DRAM
+// and the AVX2 kernel measured faster end to end (SmolLM2 int8_a8 decode ~190 vs ~175 tok/s).
+static GemvFn pick_gemv(const Weight& w, int64_t T) {
   const bool v = use_avx2();
   switch (w.fmt) {
     case Fmt::F32: return v ? avx2::gemv_f32 : scalar::gemv_f32;
     case Fmt::F16: return v ? avx2::gemv_f16 : scalar::gemv_f16;
     case Fmt::BF16: return v ? avx2::gemv_bf16 : scalar::gemv_bf16;
     case Fmt::I8:
+      if (w.act_int8 && use_avx512() && T > 1) return avx512::gemv_i8a8;
       if (w.act_int8) return v ? avx2::gemv_i8a8 : scalar::gemv_i8a8;
       return v ? avx2::gemv_i8 : scalar::gemv_i8;
     case Fmt::I4:
@@ -25,6 +29,7 @@ static GemvFn pick_gemv(const Weight& w) {
       return v ? avx2::gemv_i4 : scalar::gemv_i4;
     case Fmt::SP_F32: return v ? avx2::gemv_sp_f32 : scalar::gemv_sp_f32;
     case Fmt::SP_I8:
+      if (w.act_int8 && use_avx512()) return avx512::gemv_sp_i8a8;
       if (w.act_int8) return v ? avx2::gemv_sp_i8a8 : scalar::gemv_sp_i8a8;
       return v ? avx2::gemv_sp_i8 : scalar::gemv_sp_i8;
     case Fmt::SP_I4: return v ? avx2::gemv_sp_i4 : scalar::gemv_sp_i4;
@@ -35,17 +40,20 @@ static GemvFn pick_gemv(const Weight& w) {
   throw std::logic_error("unknown weight format");
 }
 
-// Crossovers measured with `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64` on
-// SmolLM2-135M shapes, 2 AVX2 threads (noisy shared machine, ratios GEMV time / GEMM time):
+// Crossovers measured with `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64,128`
+// on SmolLM2-135M shapes, 2 threads (noisy shared machine, ratios GEMV time / GEMM time):
 // fp32 activations: GEMV wins up to T = 8 (fp32 0.5-0.7, int8 0.8-0.9), the GEMM above
-// (1.2-2x at T = 16). Int8 activations: the integer GEMV matches or beats the fp32 GEMM up to
-// T = 32 (int8_a8 0.95, int4_g32_a8 0.97, sparse_int8_a8 0.41 at T = 32; int4_g32_a8 2x slower
-// at 64), so W8A8 batched decode and verification of up to 32 tokens stay int32-exact.
-constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI8 = 32;
-static int64_t g_gemv_max_tokens = 0;  // 0: the per-activation-type defaults above
+// (1.2-2x at T = 16). Int8 activations with per-channel int8 weights (dense, bitmask, 2:4): the
+// integer GEMV beats the fp32 GEMM at every T (T = 64: int8_a8 0.63 with AVX-512 VNNI, 0.81
+// with AVX2; sparse_int8_a8 0.36 / 0.73; T = 128: 0.69, 0.43, 2:4 0.99), so they never leave
+// it: W8A8 prefill, batches and verification are all int32-exact, bitwise equal to decode.
+// int4_g32_a8 matches the GEMM at T = 32 (1.09) and loses above (1.19 at 64).
+constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32;
+static int64_t g_gemv_max_tokens = 0;  // 0: the per-format defaults above
 int64_t gemv_max_tokens(const Weight& w) {
   if (g_gemv_max_tokens > 0) return g_gemv_max_tokens;
-  return w.act_int8 ? kGemvMaxTokensI8 : kGemvMaxTokensF32;
+  if (!w.act_int8) return kGemvMaxTokensF32;
+  return w.fmt == Fmt::I4 ? kGemvMaxTokensI4A8 : std::numeric_limits<int64_t>::max();
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
@@ -56,6 +64,7 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(xpad, size_t(T * kp));
   grow(xq, size_t(T * kp));
   grow(xscale, size_t(T));
+  grow(xsum, size_t(T));
   grow(gsum, size_t(kMaxMulti * T * kp / 32));
   grow(panel, size_t(num_threads() * kPanelRows * kp));
 }
@@ -92,7 +101,13 @@ static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t k
     std::fill(xp + t * kp + K, xp + (t + 1) * kp, 0.f);
   }
   if (int8)
-    for (int64_t t = 0; t < T; ++t) quantize(xp + t * kp, kp, s.xq.data() + t * kp, &s.xscale[t]);
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* q = s.xq.data() + t * kp;
+      quantize(xp + t * kp, kp, s.xq.data() + t * kp, &s.xscale[t]);
+      int32_t sum = 0;
+      for (int64_t k = 0; k < kp; ++k) sum += q[k];
+      s.xsum[t] = sum;
+    }
 }
 
 // Prefill: W8A8 semantics are kept by multiplying by the dequantized int8 activations (exact
@@ -141,6 +156,7 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     a.x = s.xpad.data();
     a.xq = s.xq.data();
     a.xscale = s.xscale.data();
+    a.xsum = s.xsum.data();
     if (w.fmt == Fmt::I4) {
       // Group sums of the activations the kernel multiplies (zero-point term), per token;
       // fused int4 weights with the same groups (q/k/v, gate/up) share one computation.
@@ -154,7 +170,7 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
         a.gsum = gs;
       }
     }
-    fns[i] = pick_gemv(w);
+    fns[i] = pick_gemv(w, T);
   }
   parallel_for(total_rows, total_rows * kp * T >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
     int64_t base = 0;

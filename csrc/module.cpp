@@ -191,8 +191,14 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "sparsellm native CPU kernels (AVX2+FMA with a portable scalar fallback, OpenMP)";
 
   m.def("cpu_supports_avx2", &cpu_supports_avx2, "True if AVX2+FMA+F16C are available");
-  m.def("get_isa", [] { return active_isa() == Isa::Avx2 ? "avx2" : "scalar"; });
-  m.def("set_isa", &set_isa, py::arg("name"), "Kernel ISA: 'scalar', 'avx2' or 'auto'");
+  m.def("cpu_supports_avx512", &cpu_supports_avx512,
+        "True if AVX512 F/BW/VL/VNNI/VBMI2 are available (the int8 W8A8 kernels' fast path)");
+  m.def("get_isa", [] {
+    const Isa isa = active_isa();
+    return isa == Isa::Avx512 ? "avx512" : isa == Isa::Avx2 ? "avx2" : "scalar";
+  });
+  m.def("set_isa", &set_isa, py::arg("name"),
+        "Kernel ISA: 'scalar', 'avx2', 'avx512' or 'auto'");
   m.def("get_num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, py::arg("n"), "worker threads (<= 0: all cores)");
   m.def("set_gemv_max_tokens", &set_gemv_max_tokens, py::arg("n"),

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
                     help=f"comma list from: {', '.join(FORMATS)}")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--isa", default="auto", choices=["auto", "avx2", "scalar"])
+    ap.add_argument("--isa", default="auto", choices=["auto", "avx512", "avx2", "scalar"])
     ap.add_argument("--model", action="store_true",
                     help="also time decode/prefill of a random 135M-shaped native model")
     ap.add_argument("--gemv", action=argparse.BooleanOptionalAction, default=True)
