@@ -102,8 +102,8 @@ static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t k
   }
   if (int8)
     for (int64_t t = 0; t < T; ++t) {
-      const int8_t* q = s.xq.data() + t * kp;
-      quantize(xp + t * kp, kp, s.xq.data() + t * kp, &s.xscale[t]);
+      int8_t* q = s.xq.data() + t * kp;
+      quantize(xp + t * kp, kp, q, &s.xscale[t]);
       int32_t sum = 0;
       for (int64_t k = 0; k < kp; ++k) sum += q[k];
       s.xsum[t] = sum;

@@ -47,10 +47,13 @@ bool spin_until(Done&& done, Clock::duration limit) {
   }
 }
 
-int available_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return int(std::max(1u, std::thread::hardware_concurrency()));
+int available_cores() {  // read once: num_threads() is asked on every linear() call
+  static const int n = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return int(std::max(1u, std::thread::hardware_concurrency()));
+  }();
+  return n;
 }
 
 thread_local bool t_in_region = false;
@@ -127,11 +130,11 @@ class Pool {
 // exist there); a region in flight keeps its pool alive through its shared_ptr.
 std::mutex g_pool_m;
 std::shared_ptr<Pool>* g_pool = new std::shared_ptr<Pool>();
-int g_threads = 0;  // 0: not chosen yet -> available_cores()
+std::atomic<int> g_threads{0};  // 0: not set -> available_cores()
 
 std::shared_ptr<Pool> pool() {
   std::lock_guard<std::mutex> lock(g_pool_m);
-  if (!*g_pool) *g_pool = std::make_shared<Pool>(g_threads > 0 ? g_threads : available_cores());
+  if (!*g_pool) *g_pool = std::make_shared<Pool>(num_threads());
   return *g_pool;
 }
 
@@ -146,7 +149,10 @@ const bool g_atfork = [] {
 
 }  // namespace
 
-int num_threads() { return g_threads > 0 ? g_threads : available_cores(); }
+int num_threads() {
+  const int n = g_threads.load(std::memory_order_relaxed);
+  return n > 0 ? n : available_cores();
+}
 
 void set_num_threads(int n) {
   std::shared_ptr<Pool> old;  // joined outside the lock
