@@ -32,7 +32,8 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spins until done() (true) or until `limit` has passed (false); yields after kSpinFor.
+// Spins until done() (true) or until `limit` has passed (false); after kSpinFor, every 64th
+// spin is a sched_yield.
 template <class Done>
 bool spin_until(Done&& done, Clock::duration limit) {
   const auto start = Clock::now();
