@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 
 #include "threads.h"
@@ -104,9 +105,7 @@ static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t k
     for (int64_t t = 0; t < T; ++t) {
       int8_t* q = s.xq.data() + t * kp;
       quantize(xp + t * kp, kp, q, &s.xscale[t]);
-      int32_t sum = 0;
-      for (int64_t k = 0; k < kp; ++k) sum += q[k];
-      s.xsum[t] = sum;
+      if (use_avx512()) s.xsum[t] = std::accumulate(q, q + kp, int32_t(0));  // read by them only
     }
 }
 

@@ -10,6 +10,7 @@
 // back to back, so the pool is as fast as active spinning and as polite as sleeping.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -36,7 +37,7 @@ template <class F>
 void parallel_for(int64_t n, bool parallel_if, F&& fn) {
   parallel(parallel_if && n > 1, [&](int id, int nt) {
     const int64_t per = (n + nt - 1) / nt;
-    const int64_t lo = per * id < n ? per * id : n, hi = lo + per < n ? lo + per : n;
+    const int64_t lo = std::min(n, per * id), hi = std::min(n, lo + per);
     if (lo < hi) fn(lo, hi);
   });
 }
