@@ -289,6 +289,13 @@ _HF_TO_GGUF = {
 }
 
 
+def _finish_gguf(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def _add_spm_vocab(w, tokens: list[str], scores: list[float], types: list[int],
                    chat_template: str | None) -> None:
     w.add_tokenizer_model("llama")
@@ -346,10 +353,7 @@ def write_tiny_llama_gguf(path: Path, qtype: str = "F32", *, with_weights: bool 
                 w.add_tensor(gname, gguf.quants.quantize(arr, quant), raw_dtype=quant)
             else:
                 w.add_tensor(gname, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish_gguf(w)
     return model
 
 
@@ -449,10 +453,7 @@ def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
         gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gname is not None, name
         w.add_tensor(gname, np.ascontiguousarray(t.float().numpy()))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish_gguf(w)
     return model
 
 
