@@ -53,6 +53,7 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
   const int8_t* W = static_cast<const int8_t*>(w.data);
   vnni_rows(w, a, y, ldy, r0, r1, [&](int64_t r) {
     return [p = W + r * w.kp](__m512i offset) mutable {
+      prefetch_ahead(p);
       const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(p), offset);
       p += 64;
       return v;
@@ -66,6 +67,8 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
   const int8_t* V = static_cast<const int8_t*>(w.data);
   vnni_rows(w, a, y, ldy, r0, r1, [&](int64_t r) {
     return [v = V + w.row_off[r], m = w.mask + r * (w.kp / 8)](__m512i offset) mutable {
+      prefetch_ahead(v);
+      prefetch_ahead(m);
       uint64_t bits;
       std::memcpy(&bits, m, 8);
       const __m512i e = _mm512_mask_expand_epi8(

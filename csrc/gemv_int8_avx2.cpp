@@ -32,9 +32,8 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
 }
 
 void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int8_t* W = static_cast<const int8_t*>(w.data);
-  gemv_float_rows(w, a, y, ldy, r0, r1, [W](int64_t i) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(W + i))));
+  gemv_float_rows<int8_t>(w, a, y, ldy, r0, r1, [](const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }, [&w](int64_t r) { return w.scale[r]; });
 }
 
@@ -50,6 +49,7 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
     __m256i acc[NT][2];
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
     for (int64_t k = 0; k < kp; k += 64) {
+      prefetch_ahead(row + k);
       __m256i wv[2], wa[2];
       for (int i = 0; i < 2; ++i) {
         wv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k + 32 * i));
