@@ -11,14 +11,17 @@ namespace sl {
 
 namespace scalar {
 
-float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-void axpy(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
+            float* sc, float* o) {
+  for (int64_t j = 0; j < n; ++j) {
+    float s = 0.f;
+    for (int64_t i = 0; i < hd; ++i) s += q[i] * K[j * hd + i];
+    sc[j] = s * scale;
+  }
+  softmax_inplace(sc, n);
+  std::fill(o, o + hd, 0.f);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < hd; ++i) o[i] += sc[j] * V[j * hd + i];
 }
 
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps) {
@@ -151,9 +154,7 @@ void attention(const float* q, int64_t ldq, const float* kc, const float* vc, co
   const bool v = use_avx2();
   const int64_t group = s.H / s.KV;
   if (int64_t(scores.size()) < num_threads() * s.cap) scores.resize(size_t(num_threads() * s.cap));
-  auto dot = v ? avx2::dot : scalar::dot;
-  auto axpy = v ? avx2::axpy : scalar::axpy;
-  auto softmax = v ? avx2::softmax_inplace : scalar::softmax_inplace;
+  auto attend = v ? avx2::attend : scalar::attend;
   // One task per (token, head); causal prefill rows differ in length -> handed out in
   // chunks of 4 from a shared counter.
   // Work ~ T * H * keys * hd. One sequence's decode step over a short context (~10 us on one
@@ -171,14 +172,9 @@ void attention(const float* q, int64_t ldq, const float* kc, const float* vc, co
         const int64_t p = pos[t];
         const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
         const int64_t n = p + 1 - first;
-        const float* qv = q + t * ldq + h * s.hd;
-        const float* K = kc + ((slots[t] * s.KV + kvh) * s.cap + first) * s.hd;  // (n, hd)
-        const float* V = vc + ((slots[t] * s.KV + kvh) * s.cap + first) * s.hd;
-        for (int64_t j = 0; j < n; ++j) sc[j] = dot(qv, K + j * s.hd, s.hd) * s.scale;
-        softmax(sc, n);
-        float* o = out + t * ldo + h * s.hd;
-        std::fill(o, o + s.hd, 0.f);
-        for (int64_t j = 0; j < n; ++j) axpy(sc[j], V + j * s.hd, o, s.hd);
+        const int64_t kv = (slots[t] * s.KV + kvh) * s.cap + first;  // keys (n, hd) from here
+        attend(q + t * ldq + h * s.hd, kc + kv * s.hd, vc + kv * s.hd, n, s.hd, s.scale, sc,
+               out + t * ldo + h * s.hd);
       }
   });
 }

@@ -53,16 +53,17 @@ void attention(const float* q, int64_t ldq, const float* kc, const float* vc, co
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
                std::vector<float>& scores);
 
+// One head of one token: o = softmax(scale * K q) V over n keys; K, V: (n, hd); sc: n floats.
 namespace scalar {
-float dot(const float* a, const float* b, int64_t n);
-void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
+void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
+            float* sc, float* o);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);
 void softmax_inplace(float* x, int64_t n);
 }  // namespace scalar
 namespace avx2 {
-float dot(const float* a, const float* b, int64_t n);
-void axpy(float a, const float* x, float* y, int64_t n);
+void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
+            float* sc, float* o);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);
 void softmax_inplace(float* x, int64_t n);
