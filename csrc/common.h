@@ -116,8 +116,12 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 }  // namespace avx512
 
-// Half / bfloat16 <-> float, portable.
+// Half / bfloat16 <-> float, portable. float_to_half rounds to nearest even, like F16C's
+// vcvtps2ph and NumPy's astype(float16) (overflow -> inf).
 float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t h) { return half_to_float(h); }  // fp16 KV-cache element
 inline float bf16_to_float(uint16_t b) {
   uint32_t u = uint32_t(b) << 16;
   float f;

@@ -1,5 +1,6 @@
 // Run-time ISA detection and selection, half-float conversion.
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -60,6 +61,23 @@ void set_isa(const std::string& name) {
     throw std::invalid_argument("set_isa: unknown ISA '" + name +
                                 "'; accepted: 'scalar', 'avx2', 'avx512', 'auto'");
   }
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000);
+  x &= 0x7fffffff;
+  if (x > 0x7f800000) return sign | 0x7e00 | uint16_t((x >> 13) & 0x3ff);  // NaN, made quiet
+  if (x >= 0x477ff000) return sign | 0x7c00;  // >= 65520 rounds to inf (and inf)
+  if (x < 0x38800000) {  // below 2^-14: a subnormal half in units of 2^-24 (exact product)
+    float a;
+    std::memcpy(&a, &x, 4);
+    return sign | uint16_t(std::nearbyint(a * 16777216.0f));
+  }
+  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits to even; a
+  // carry into the exponent is the correct rounding.
+  return sign | uint16_t((x - 0x38000000 + 0xfff + ((x >> 13) & 1)) >> 13);
 }
 
 float half_to_float(uint16_t h) {

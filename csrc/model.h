@@ -43,11 +43,13 @@ struct LayerWeights {
   const float *bgate = nullptr, *bup = nullptr, *bdown = nullptr;
 };
 
-// KV cache views: (layers, slots, kv_heads, capacity, head_dim) fp32, written in place.
+// KV cache views: (layers, slots, kv_heads, capacity, head_dim), fp32 or (f16) IEEE half,
+// written in place.
 struct KVCache {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
   int64_t slots = 0, capacity = 0;
+  bool f16 = false;
 };
 
 // Non-layer weights: token (and learned position) embeddings, final norm, lm_head.

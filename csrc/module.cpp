@@ -32,6 +32,22 @@ T* ptr_of(const py::array& a, const char* name) {
   return static_cast<T*>(const_cast<void*>(a.data()));
 }
 
+// A KV-cache array: float32, or float16 (IEEE half) -> (data, is_half); both of one cache
+// must have the same dtype.
+std::pair<void*, bool> kv_ptr(const py::array& a, const char* name) {
+  const bool half = a.dtype().is(py::dtype("float16"));
+  if (half && !(a.flags() & py::array::c_style))
+    throw std::invalid_argument(std::string(name) + ": expected a C-contiguous array");
+  return {half ? const_cast<void*>(a.data()) : ptr_of<float>(a, name), half};
+}
+
+KVCache kv_cache_of(const py::array& k, const py::array& v, int64_t slots, int64_t capacity) {
+  const auto [kp, kh] = kv_ptr(k, "k_cache");
+  const auto [vp, vh] = kv_ptr(v, "v_cache");
+  if (kh != vh) throw std::invalid_argument("k_cache and v_cache must have the same dtype");
+  return KVCache{kp, vp, slots, capacity, kh};
+}
+
 template <typename T>
 T* opt_ptr(const py::object& o, const char* name) {
   return o.is_none() ? nullptr : ptr_of<T>(o.cast<py::array>(), name);
@@ -301,8 +317,7 @@ PYBIND11_MODULE(_native, m) {
                 throw std::invalid_argument("forward: v_cache shape differs from k_cache");
             if (out.ndim() != 2 || out.shape(0) != R || out.shape(1) != c.vocab)
               throw std::invalid_argument("forward: out must be (len(logit_rows), vocab)");
-            KVCache kv{ptr_of<float>(k_cache, "k_cache"), ptr_of<float>(v_cache, "v_cache"),
-                       k_cache.shape(1), k_cache.shape(3)};
+            const KVCache kv = kv_cache_of(k_cache, v_cache, k_cache.shape(1), k_cache.shape(3));
             const int64_t* tp = ptr_of<int64_t>(tokens, "tokens");
             const int64_t* sp = ptr_of<int64_t>(slots, "slots");
             const int64_t* pp = ptr_of<int64_t>(positions, "positions");
@@ -415,8 +430,8 @@ PYBIND11_MODULE(_native, m) {
             positions.size() != s.T || out.size() != q.size())
           throw std::invalid_argument("attention: inconsistent shapes");
         const float* qp = ptr_of<float>(q, "q");
-        const float* kp = ptr_of<float>(k_cache, "k_cache");
-        const float* vp = ptr_of<float>(v_cache, "v_cache");
+        const KVCache kv = kv_cache_of(k_cache, v_cache, k_cache.shape(0), s.cap);
+        s.f16 = kv.f16;
         const int64_t* sp = ptr_of<int64_t>(slots, "slots");
         const int64_t* pp = ptr_of<int64_t>(positions, "positions");
         for (int64_t t = 0; t < s.T; ++t)
@@ -424,9 +439,22 @@ PYBIND11_MODULE(_native, m) {
             throw std::out_of_range("attention: position or slot out of the cache");
         float* op = ptr_of<float>(out, "out");
         py::gil_scoped_release nogil;
-        attention(qp, s.H * s.hd, kp, vp, sp, pp, s, op, s.H * s.hd, tl_scores);
+        attention(qp, s.H * s.hd, kv.k, kv.v, sp, pp, s, op, s.H * s.hd, tl_scores);
       },
       py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"),
       py::arg("positions"), py::arg("scale"), py::arg("window"), py::arg("out"));
+
+  m.def(
+      "to_half",
+      [](py::array x, py::array out) {
+        if (x.size() != out.size() || !out.dtype().is(py::dtype("float16")) ||
+            !(out.flags() & py::array::c_style))
+          throw std::invalid_argument("to_half: out must be a C-contiguous float16 array of x's size");
+        const float* xp = ptr_of<float>(x, "x");
+        uint16_t* op = static_cast<uint16_t*>(out.mutable_data());
+        py::gil_scoped_release nogil;
+        to_half(xp, op, x.size());
+      },
+      py::arg("x"), py::arg("out"), "Round fp32 to IEEE half (nearest even), as the fp16 KV cache does");
 
 }

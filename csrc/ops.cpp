@@ -11,17 +11,32 @@ namespace sl {
 
 namespace scalar {
 
-void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o) {
+template <typename KV>
+static void attend_kv(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
+                      float scale, float* sc, float* o) {
   for (int64_t j = 0; j < n; ++j) {
     float s = 0.f;
-    for (int64_t i = 0; i < hd; ++i) s += q[i] * K[j * hd + i];
+    for (int64_t i = 0; i < hd; ++i) s += q[i] * to_float(K[j * hd + i]);
     sc[j] = s * scale;
   }
   softmax_inplace(sc, n);
   std::fill(o, o + hd, 0.f);
   for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < hd; ++i) o[i] += sc[j] * V[j * hd + i];
+    for (int64_t i = 0; i < hd; ++i) o[i] += sc[j] * to_float(V[j * hd + i]);
+}
+
+void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
+            float* sc, float* o) {
+  attend_kv(q, K, V, n, hd, scale, sc, o);
+}
+
+void attend(const float* q, const uint16_t* K, const uint16_t* V, int64_t n, int64_t hd,
+            float scale, float* sc, float* o) {
+  attend_kv(q, K, V, n, hd, scale, sc, o);
+}
+
+void to_half(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = float_to_half(x[i]);
 }
 
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps) {
@@ -148,13 +163,19 @@ void softmax_inplace(float* x, int64_t n) {
   if (use_avx2()) avx2::softmax_inplace(x, n); else scalar::softmax_inplace(x, n);
 }
 
-void attention(const float* q, int64_t ldq, const float* kc, const float* vc, const int64_t* slots,
-               const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
-               std::vector<float>& scores) {
-  const bool v = use_avx2();
+void to_half(const float* x, uint16_t* out, int64_t n) {
+  if (use_avx2()) avx2::to_half(x, out, n); else scalar::to_half(x, out, n);
+}
+
+template <typename KV>
+static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc,
+                         const int64_t* slots, const int64_t* pos, const AttnShape& s, float* out,
+                         int64_t ldo, std::vector<float>& scores) {
+  using Attend = void (*)(const float*, const KV*, const KV*, int64_t, int64_t, float, float*,
+                          float*);
+  const Attend attend = use_avx2() ? Attend(avx2::attend) : Attend(scalar::attend);
   const int64_t group = s.H / s.KV;
   if (int64_t(scores.size()) < num_threads() * s.cap) scores.resize(size_t(num_threads() * s.cap));
-  auto attend = v ? avx2::attend : scalar::attend;
   // One task per (token, head); causal prefill rows differ in length -> handed out in
   // chunks of 4 from a shared counter.
   // Work ~ T * H * keys * hd. One sequence's decode step over a short context (~10 us on one
@@ -177,6 +198,17 @@ void attention(const float* q, int64_t ldq, const float* kc, const float* vc, co
                out + t * ldo + h * s.hd);
       }
   });
+}
+
+void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,
+               const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
+               std::vector<float>& scores) {
+  if (s.f16)
+    attention_kv(q, ldq, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), slots,
+                 pos, s, out, ldo, scores);
+  else
+    attention_kv(q, ldq, static_cast<const float*>(kc), static_cast<const float*>(vc), slots, pos,
+                 s, out, ldo, scores);
 }
 
 }  // namespace sl

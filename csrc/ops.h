@@ -39,31 +39,42 @@ void add_inplace(float* x, const float* y, int64_t n);
 // Numerically stable softmax of a row, in place.
 void softmax_inplace(float* x, int64_t n);
 
+// out[i] = x[i] rounded to IEEE half (nearest even), as stored in an fp16 KV cache.
+void to_half(const float* x, uint16_t* out, int64_t n);
+
 // Causal grouped-query attention for a flat batch of T query tokens.
 //   q:    (T, H, hd) rows at stride ldq;  out: (T, H, hd) rows at stride ldo
-//   kc/vc: one layer's cache (slots, KV, cap, hd); token t reads slot slots[t], keys
-//          [max(0, p - window + 1), p] with p = pos[t] (window <= 0: no sliding window).
+//   kc/vc: one layer's cache (slots, KV, cap, hd), fp32 or (f16) IEEE half; token t reads
+//          slot slots[t], keys [max(0, p - window + 1), p] with p = pos[t] (window <= 0: no
+//          sliding window). Scores, softmax and sums are fp32 either way.
 // scores: scratch of at least threads * cap floats.
 struct AttnShape {
   int64_t T, H, KV, hd, cap;
   float scale;
   int64_t window;
+  bool f16 = false;
 };
-void attention(const float* q, int64_t ldq, const float* kc, const float* vc, const int64_t* slots,
+void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
                std::vector<float>& scores);
 
-// One head of one token: o = softmax(scale * K q) V over n keys; K, V: (n, hd); sc: n floats.
+// One head of one token: o = softmax(scale * K q) V over n keys; K, V: (n, hd) fp32 or half;
+// sc: n floats.
+#define SL_DECLARE_ATTEND(KV)                                                                 \
+  void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale, \
+              float* sc, float* o);
 namespace scalar {
-void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o);
+SL_DECLARE_ATTEND(float)
+SL_DECLARE_ATTEND(uint16_t)
+void to_half(const float* x, uint16_t* out, int64_t n);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);
 void softmax_inplace(float* x, int64_t n);
 }  // namespace scalar
 namespace avx2 {
-void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o);
+SL_DECLARE_ATTEND(float)
+SL_DECLARE_ATTEND(uint16_t)
+void to_half(const float* x, uint16_t* out, int64_t n);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);
 void softmax_inplace(float* x, int64_t n);

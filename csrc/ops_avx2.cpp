@@ -27,35 +27,43 @@ static inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-static inline float dot(const float* a, const float* b, int64_t n) {
+// 8 KV-cache elements as fp32.
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <typename KV>
+static inline float dot(const float* a, const KV* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = s0;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), s1);
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
   float s = hsum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i < n; ++i) s += a[i] * to_float(b[i]);
   return s;
 }
 
 // o[c, c + 8 * NV) = sum_j sc[j] * V[j, c, c + 8 * NV): the output columns stay in registers
 // over all keys (an axpy per key loaded and stored them for every key, and was ~8% of a
 // batch-8 decode step).
-template <int NV>
-static inline void weighted_sum(const float* sc, const float* V, int64_t n, int64_t hd, float* o) {
+template <int NV, typename KV>
+static inline void weighted_sum(const float* sc, const KV* V, int64_t n, int64_t hd, float* o) {
   __m256 acc[NV];
   for (int i = 0; i < NV; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
     const __m256 s = _mm256_broadcast_ss(sc + j);
-    for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(s, _mm256_loadu_ps(V + j * hd + 8 * i), acc[i]);
+    for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(s, load8(V + j * hd + 8 * i), acc[i]);
   }
   for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
 }
 
-void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o) {
+template <typename KV>
+static void attend_kv(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
+                      float scale, float* sc, float* o) {
   for (int64_t j = 0; j < n; ++j) sc[j] = dot(q, K + j * hd, hd) * scale;
   softmax_inplace(sc, n);
   int64_t c = 0;
@@ -63,9 +71,27 @@ void attend(const float* q, const float* K, const float* V, int64_t n, int64_t h
   for (; c + 8 <= hd; c += 8) weighted_sum<1>(sc, V + c, n, hd, o + c);
   for (; c < hd; ++c) {
     float s = 0.f;
-    for (int64_t j = 0; j < n; ++j) s += sc[j] * V[j * hd + c];
+    for (int64_t j = 0; j < n; ++j) s += sc[j] * to_float(V[j * hd + c]);
     o[c] = s;
   }
+}
+
+void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
+            float* sc, float* o) {
+  attend_kv(q, K, V, n, hd, scale, sc, o);
+}
+
+void attend(const float* q, const uint16_t* K, const uint16_t* V, int64_t n, int64_t hd,
+            float scale, float* sc, float* o) {
+  attend_kv(q, K, V, n, hd, scale, sc, o);
+}
+
+void to_half(const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) out[i] = float_to_half(x[i]);
 }
 
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps) {

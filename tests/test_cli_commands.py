@@ -42,7 +42,7 @@ def test_generate_sampling_and_chat_flags(tiny_llama_dir):
     assert chat.returncode == 0, chat.stderr
     assert "finished:" in chat.stderr
     converted = sparsellm("generate", str(tiny_llama_dir), "hello", "--weights", "int4_g32_a8",
-                          "--max-new-tokens", "4")
+                          "--kv-cache-dtype", "fp16", "--max-new-tokens", "4")
     assert converted.returncode == 0, converted.stderr
 
 

@@ -48,6 +48,7 @@ class BenchmarkResult:
     iterations: int
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
+    kv_cache_dtype: str = "fp32"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +57,7 @@ class BenchmarkResult:
         rows = [
             ("Original Model Path", self.model),
             ("Weights", self.weights),
+            ("KV Cache", self.kv_cache_dtype),
             ("Batch Size", self.batch_size),
             ("Scenario", self.scenario),
             ("Threads", self.num_cores),
@@ -88,6 +90,7 @@ def benchmark(
     num_cores: int | None = None,
     weights: str | None = None,
     progress: bool | None = None,
+    kv_cache_dtype: str = "fp32",
 ) -> BenchmarkResult:
     """Generate `generated_tokens` after `input_ids_length`-token prompts, repeatedly, for
     `time_limit` seconds (after `warmup_time` seconds of warm-up).
@@ -108,7 +111,7 @@ def benchmark(
                          f"{generated_tokens}) exceeds sequence_length ({sequence_length})")
     checkpoint = load_checkpoint(model)
     engine = Engine(checkpoint, sequence_length=sequence_length, max_sequences=batch_size,
-                    num_cores=num_cores, weights=weights)
+                    num_cores=num_cores, weights=weights, kv_cache_dtype=kv_cache_dtype)
     prompts = _prompts(checkpoint.tokenizer, batch_size, input_ids_length)
     config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
     generator = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids)
@@ -127,6 +130,7 @@ def benchmark(
         input_ids_length=input_ids_length,
         generated_tokens=generated_tokens,
         sequence_length=sequence_length,
+        kv_cache_dtype=kv_cache_dtype,
         throughput=stats["decode_tokens"] / max(stats["decode_s"], 1e-9),
         latency_mean_ms=float(np.mean(per_token)),
         latency_median_ms=float(np.median(per_token)),

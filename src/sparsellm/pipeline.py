@@ -74,7 +74,8 @@ class TextGeneration(Pipeline):
     sequences decoded together, prompts processed `prompt_processing_sequence_length` tokens at
     a time, `num_cores` threads; `sequence_length` defaults to an exported deployment's, else
     1024). `weights` (a `sparsellm.kernels.FORMATS` name, e.g. "int8_a8") converts every linear
-    weight on load instead of running the checkpoint's declared formats. Any `GenerationConfig`
+    weight on load instead of running the checkpoint's declared formats; `kv_cache_dtype="fp16"`
+    stores the KV cache in half precision (half the memory). Any `GenerationConfig`
     field passed here becomes a default that each call can override. With `draft_model_path` (a
     smaller or compressed model with the same tokenizer) decoding is speculative: the draft
     proposes `num_speculative_tokens` tokens per step and the model verifies them; outputs are
@@ -89,6 +90,7 @@ class TextGeneration(Pipeline):
         batch_size: int = 4,
         num_cores: int | None = None,
         weights: str | None = None,
+        kv_cache_dtype: str = "fp32",
         internal_kv_cache: bool = True,  # accepted for DeepSparse compatibility; always internal
         generation_config: GenerationConfig | dict[str, Any] | None = None,
         draft_model_path: str | Path | Checkpoint | None = None,
@@ -112,6 +114,7 @@ class TextGeneration(Pipeline):
             prompt_processing_sequence_length=prompt_processing_sequence_length,
             num_cores=num_cores,
             weights=weights,
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.tokenizer = checkpoint.tokenizer
         self.sequence_length = sequence_length
@@ -120,7 +123,7 @@ class TextGeneration(Pipeline):
             self.draft_engine = Engine(
                 draft_model_path, sequence_length=sequence_length, max_sequences=batch_size,
                 prompt_processing_sequence_length=prompt_processing_sequence_length,
-                num_cores=num_cores,
+                num_cores=num_cores, kv_cache_dtype=kv_cache_dtype,
             )
         self.generator = BatchGenerator(self.engine, self.tokenizer, checkpoint.eos_token_ids,
                                         draft=self.draft_engine,

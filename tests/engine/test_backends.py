@@ -78,6 +78,25 @@ def test_activation_quantized_and_2_4_formats_track_the_reference(tiny, token_id
     assert (la.argmax(-1) == lb.argmax(-1)).mean() > 0.9
 
 
+def test_half_precision_kv_cache(tiny, token_ids):
+    """An fp16 cache: the native engine equals the NumPy reference on the same fp16 cache, and
+    stays close to the fp32 cache (keys and values only lose their low mantissa bits)."""
+    ids = token_ids(70, seed=3)
+    native = Engine(tiny, sequence_length=128, kv_cache_dtype="fp16")
+    assert native.cache.k.dtype == np.float16
+    a, la = _greedy(native, ids, 24)
+    b, lb = _greedy(Engine(tiny, sequence_length=128, kv_cache_dtype="fp16", backend="numpy"),
+                    ids, 24)
+    assert a == b
+    # A key the two engines compute a last bit apart can round to neighbouring halves.
+    np.testing.assert_allclose(la, lb, atol=2e-3 * np.abs(lb).max())
+    _, lf = _greedy(Engine(tiny, sequence_length=128), ids, 24, forced=a)
+    np.testing.assert_allclose(la, lf, atol=1e-2 * np.abs(lf).max())
+    assert native.cache.nbytes == Engine(tiny, sequence_length=128).cache.nbytes // 2
+    with pytest.raises(ValueError, match="unknown kv_cache_dtype 'int4'.*fp16"):
+        Engine(tiny, kv_cache_dtype="int4")
+
+
 def test_weight_bytes_follow_the_format(tiny):
     fp32 = Engine(tiny, sequence_length=16).weight_bytes_per_step
     int8 = Engine(tiny, sequence_length=16, weights="int8").weight_bytes_per_step

@@ -79,6 +79,37 @@ def test_attention_batch_of_sequences(isa, rng, window):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_to_half_rounds_like_numpy(isa, rng):
+    # Random magnitudes across the half range, its subnormals, overflow, ties and signed zeros.
+    x = np.concatenate([
+        rng.standard_normal(1001) * 10.0 ** rng.integers(-9, 6, 1001),
+        [0.0, -0.0, 65504.0, 65519.9, 65520.0, -1e6, np.inf, -np.inf, 2.0 ** -24, 2.0 ** -25,
+         3 * 2.0 ** -26, 2.0 ** -14 - 2.0 ** -25, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11],
+    ]).astype(np.float32)
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16)
+    np.testing.assert_array_equal(kernels.to_half(x).view(np.uint16), expected.view(np.uint16))
+
+
+@pytest.mark.parametrize("hd", [64, 20])
+def test_attention_over_a_half_precision_cache(isa, rng, hd):
+    S, KV, cap, H = 2, 2, 40, 6
+    kc = rng.standard_normal((S, KV, cap, hd)).astype(np.float16)
+    vc = rng.standard_normal((S, KV, cap, hd)).astype(np.float16)
+    slots = np.array([0, 0, 1])
+    pos = np.array([30, 31, 7])
+    q = rng.standard_normal((3, H, hd)).astype(np.float32)
+    got = kernels.attention(q, kc, vc, slots, pos, hd ** -0.5)
+    np.testing.assert_allclose(got, ref.attention(q, kc, vc, slots, pos, hd ** -0.5),
+                               rtol=1e-5, atol=1e-5)
+    # The same cache widened to fp32 gives the same numbers: only storage differs.
+    np.testing.assert_allclose(got, kernels.attention(q, kc.astype(np.float32),
+                                                      vc.astype(np.float32), slots, pos,
+                                                      hd ** -0.5), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="same dtype"):
+        kernels.attention(q, kc, vc.astype(np.float32), slots, pos, 0.1)
+
+
 def test_attention_matches_model_reference(rng):
     # The model's own NumPy attention (one sequence, keys 0..L-1) is the same math.
     from sparsellm.models.decoder import attention as model_attention

@@ -20,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="FORMAT",
                    help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8, "
                    "sparse_int8_a8; sparsellm.kernels.FORMATS)")
+    p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16"], default="fp32",
+                   help="KV-cache storage (fp16: half the bytes attention reads)")
     p.add_argument("--compare", default=None, metavar="MODEL2",
                    help="benchmark a second model in the same process and print the ratio")
     p.add_argument("--draft-model", default=None, metavar="DRAFT",
@@ -49,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
     settings = dict(batch_size=args.batch_size, scenario=args.scenario,
                     input_ids_length=args.input_ids_length, generated_tokens=args.generated_tokens,
                     sequence_length=args.sequence_length, time_limit=args.time,
-                    warmup_time=args.warmup_time, num_cores=args.num_cores)
+                    warmup_time=args.warmup_time, num_cores=args.num_cores,
+                    kv_cache_dtype=args.kv_cache_dtype)
     results = [benchmark(args.model, weights=args.weights, **settings)]
     print(results[0].report(), flush=True)
     if args.compare:

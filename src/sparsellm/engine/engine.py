@@ -20,6 +20,10 @@ from .weights import reference_tensors, weight_formats
 
 DEFAULT_PROMPT_CHUNK = 64
 BACKENDS = ("native", "numpy")
+# KV-cache element types: fp16 halves the cache's memory and the bytes attention reads per
+# step (llama.cpp's default); keys and values are rounded to half as they are written, and
+# attention still computes in fp32.
+KV_CACHE_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 
 
 class ContextLengthError(ValueError):
@@ -41,6 +45,7 @@ class Engine:
     there are some), else fp32; `weights="int8_a8"` (any `sparsellm.kernels.FORMATS` name)
     converts every linear weight on load instead, for quick experiments. `backend="numpy"` runs
     the NumPy reference forward on exactly the weights the native kernels would use.
+    `kv_cache_dtype="fp16"` stores keys and values as IEEE half (see KV_CACHE_DTYPES).
     """
 
     def __init__(
@@ -52,6 +57,7 @@ class Engine:
         num_cores: int | None = None,
         weights: str | None = None,
         backend: str = "native",
+        kv_cache_dtype: str = "fp32",
     ):
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
         self.args = self.checkpoint.args
@@ -60,6 +66,9 @@ class Engine:
                              "max_sequences must be positive")
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; accepted: {', '.join(BACKENDS)}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; accepted: "
+                             f"{', '.join(KV_CACHE_DTYPES)}")
         positions = self.checkpoint.tensors.get("model.embed_positions.weight")
         if self.args.learned_positions and positions is not None and \
                 sequence_length > positions.shape[0]:
@@ -81,8 +90,9 @@ class Engine:
             self.model = self.checkpoint.build_model(
                 reference_tensors(self.checkpoint, self.formats, packed))
         a = self.args
+        self.kv_cache_dtype = kv_cache_dtype
         self.cache = KVCache(a.num_hidden_layers, max_sequences, a.num_key_value_heads,
-                             sequence_length, a.head_dim)
+                             sequence_length, a.head_dim, KV_CACHE_DTYPES[kv_cache_dtype])
         self.vocab_size = a.vocab_size
 
     # ---- sequences ------------------------------------------------------------------------------

@@ -21,10 +21,11 @@ from .ops import (
     set_num_threads,
     softmax,
     swiglu,
+    to_half,
 )
 
 __all__ = [
     "FORMATS", "FormatSpec", "PackedWeight", "activation", "add_", "attention", "get_isa",
     "get_num_threads", "layer_norm", "linear", "pack", "pack_quantized", "parse_format",
-    "rms_norm", "rope", "set_isa", "set_num_threads", "softmax", "swiglu",
+    "rms_norm", "rope", "set_isa", "set_num_threads", "softmax", "swiglu", "to_half",
 ]

@@ -86,9 +86,9 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np
               positions: np.ndarray, scale: float, window: int | None = None) -> np.ndarray:
     """Causal grouped-query attention of T query tokens over a KV cache.
 
-    q: (T, H, hd); k_cache, v_cache: (slots, KV, capacity, hd) holding positions 0..p of each
-    sequence; token t (sequence slots[t], position positions[t]) attends to keys 0..p (the
-    last `window` of them with a sliding window) -> (T, H, hd).
+    q: (T, H, hd); k_cache, v_cache: (slots, KV, capacity, hd), float32 or float16, holding
+    positions 0..p of each sequence; token t (sequence slots[t], position positions[t]) attends
+    to keys 0..p (the last `window` of them with a sliding window) -> (T, H, hd).
     """
     q = _f32(q)
     out = np.empty_like(q)
@@ -115,3 +115,11 @@ def set_num_threads(n: int) -> None:
 
 def get_num_threads() -> int:
     return native().get_num_threads()
+
+
+def to_half(x: np.ndarray) -> np.ndarray:
+    """x rounded to float16 (nearest even), as the native fp16 KV cache stores it."""
+    x = _f32(x)
+    out = np.empty(x.shape, dtype=np.float16)
+    native().to_half(x, out)
+    return out
