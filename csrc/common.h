@@ -13,12 +13,12 @@ namespace sl {
 // ---------------------------------------------------------------------------------------------
 // ISA selection (cpu.cpp; threads: threads.h)
 // ---------------------------------------------------------------------------------------------
-// Avx512 adds the int8 kernels of gemv_avx512.cpp to the AVX2 set (every other kernel stays
-// AVX2 there); it implies AVX2.
+// Avx512 adds the W8A8 and sparse int4 kernels of gemv_avx512.cpp to the AVX2 set (every other
+// kernel stays AVX2 there); it implies AVX2.
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
 bool cpu_supports_avx2();     // AVX2 + FMA + F16C + POPCNT, checked once with cpuid
-bool cpu_supports_avx512();   // AVX2 set + AVX512 F/BW/VL/VNNI/VBMI2
+bool cpu_supports_avx512();   // AVX2 set + AVX512 F/BW/VL/VNNI/VBMI/VBMI2
 Isa active_isa();             // what kernels dispatch to now (default: best supported)
 void set_isa(const std::string& name);  // "scalar" | "avx2" | "avx512" | "auto"; throws if unsupported
 inline bool use_avx2() { return active_isa() >= Isa::Avx2; }
@@ -114,6 +114,7 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 namespace avx512 {
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 }  // namespace avx512
 
 // Half / bfloat16 <-> float, portable. float_to_half rounds to nearest even, like F16C's

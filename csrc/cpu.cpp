@@ -23,7 +23,8 @@ bool cpu_supports_avx512() {
     __builtin_cpu_init();  // also checks that the OS saves the ZMM state
     return cpu_supports_avx2() && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi2");
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+           __builtin_cpu_supports("avx512vbmi2");
   }();
   return ok;
 }
@@ -53,7 +54,7 @@ void set_isa(const std::string& name) {
   } else if (name == "avx512") {
     if (!cpu_supports_avx512())
       throw std::runtime_error(
-          "set_isa('avx512'): this CPU lacks AVX512 F/BW/VL/VNNI/VBMI2; use 'avx2' or 'scalar'");
+          "set_isa('avx512'): this CPU lacks AVX512 F/BW/VL/VNNI/VBMI/VBMI2; use 'avx2' or 'scalar'");
     g_isa = int(Isa::Avx512);
   } else if (name == "auto") {
     g_isa = int(best_isa());

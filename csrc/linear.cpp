@@ -33,7 +33,9 @@ static GemvFn pick_gemv(const Weight& w, int64_t T) {
       if (w.act_int8 && use_avx512()) return avx512::gemv_sp_i8a8;
       if (w.act_int8) return v ? avx2::gemv_sp_i8a8 : scalar::gemv_sp_i8a8;
       return v ? avx2::gemv_sp_i8 : scalar::gemv_sp_i8;
-    case Fmt::SP_I4: return v ? avx2::gemv_sp_i4 : scalar::gemv_sp_i4;
+    case Fmt::SP_I4:
+      if (use_avx512()) return avx512::gemv_sp_i4;
+      return v ? avx2::gemv_sp_i4 : scalar::gemv_sp_i4;
     case Fmt::S24_I8:
       if (w.act_int8) return v ? avx2::gemv_s24_i8a8 : scalar::gemv_s24_i8a8;
       return v ? avx2::gemv_s24_i8 : scalar::gemv_s24_i8;

@@ -8,8 +8,8 @@ ISAS = ["scalar", "avx2", "avx512"]
 
 @pytest.fixture(params=ISAS)
 def isa(request):
-    """Run a test on the portable scalar path, the AVX2 path and the AVX-512 path (int8 kernels;
-    skipped on CPUs without it)."""
+    """Run a test on the portable scalar path, the AVX2 path and the AVX-512 path (W8A8 and
+    sparse int4 kernels; skipped on CPUs without it)."""
     from sparsellm.kernels._ext import native
 
     if request.param == "avx2" and not native().cpu_supports_avx2():
