@@ -99,8 +99,8 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np
 
 
 def set_isa(name: str) -> None:
-    """Kernel ISA: 'avx512' (AVX2 plus AVX-512 W8A8 and sparse int4 kernels), 'avx2', 'scalar' (portable
-    reference path) or 'auto' (best supported)."""
+    """Kernel ISA: 'avx512' (AVX2 plus AVX-512 W8A8 and sparse int4 kernels), 'avx2',
+    'scalar' (portable reference path) or 'auto' (best supported)."""
     native().set_isa(name)
 
 
