@@ -101,11 +101,13 @@ def benchmark(
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; accepted: {', '.join(SCENARIOS)}")
-    for name, value in [("batch_size", batch_size), ("input_ids_length", input_ids_length),
-                        ("generated_tokens", generated_tokens)]:
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    sequence_length = sequence_length or input_ids_length + generated_tokens
+    _check_settings(batch_size=batch_size, input_ids_length=input_ids_length,
+                    generated_tokens=generated_tokens)
+    if not time_limit > 0 or not warmup_time >= 0:
+        raise ValueError(f"time must be > 0 and warmup_time >= 0 seconds, got {time_limit} and "
+                         f"{warmup_time}")
+    if sequence_length is None:
+        sequence_length = input_ids_length + generated_tokens
     if input_ids_length + generated_tokens > sequence_length:
         raise ValueError(f"input_ids_length + generated_tokens ({input_ids_length} + "
                          f"{generated_tokens}) exceeds sequence_length ({sequence_length})")
@@ -121,6 +123,7 @@ def benchmark(
     steps = np.array(stats["decode_step_s"]) if stats["decode_step_s"] else np.array([np.nan])
     per_token = steps * 1000.0
     bytes_per_step = engine.weight_bytes_per_step
+    rss_mb = _rss_mb()
     result = BenchmarkResult(
         model=str(model),
         weights=weights or engine.weights_description,
@@ -139,8 +142,9 @@ def benchmark(
         time_to_first_token_ms=1000.0 * float(np.mean(stats["ttft_s"])),
         weight_bytes_per_step=bytes_per_step,
         bandwidth_gbs=bytes_per_step / float(np.mean(steps)) / 1e9,
-        rss_mb=_rss_mb(),
-        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        rss_mb=rss_mb,
+        # ru_maxrss can trail /proc/self/statm by a few pages: the peak is at least the current.
+        peak_rss_mb=max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, rss_mb),
         iterations=stats["iterations"],
         seconds=stats["seconds"],
         extra={"End-to-end (generated tokens/sec)":
@@ -225,6 +229,12 @@ def _progress_bar(total: float, progress: bool | None) -> Any:
                 bar_format="{desc} {bar} {n:.0f}/{total:.0f} s")
 
 
+def _check_settings(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def _rss_mb() -> float:
     try:
         with open("/proc/self/statm") as f:
@@ -245,6 +255,7 @@ class SpeculativeResult:
     acceptance_rate: float
     tokens_per_step: float
     identical_texts: bool
+    adaptive: bool = False
 
     @property
     def speedup(self) -> float:
@@ -262,7 +273,8 @@ class SpeculativeResult:
             f"{'acceptance rate':<28}{'':>16}{self.acceptance_rate:>16.1%}",
             f"{'tokens per main step':<28}{1.0:>16.2f}{self.tokens_per_step:>16.2f}",
             f"speedup {self.speedup:.2f}x with {self.draft_model} drafting "
-            f"{self.num_speculative_tokens} tokens; identical texts: {self.identical_texts}",
+            f"{'up to ' if self.adaptive else ''}{self.num_speculative_tokens} tokens; "
+            f"identical texts: {self.identical_texts}",
         ])
 
 
@@ -276,19 +288,26 @@ def benchmark_speculative(
     num_cores: int | None = None,
     weights: str | None = None,
     draft_weights: str | None = None,
+    adaptive: bool = False,
+    kv_cache_dtype: str = "fp32",
 ) -> SpeculativeResult:
     """Greedy generation of the same prompts with and without a draft model, in one process.
-    `weights` / `draft_weights` convert the main / draft model's linear weights on load."""
+    `weights` / `draft_weights` convert the main / draft model's linear weights on load;
+    `adaptive` lets each sequence draft fewer tokens while its drafts get rejected."""
+    _check_settings(prompts=prompts, input_ids_length=input_ids_length,
+                    generated_tokens=generated_tokens)
     checkpoint = load_checkpoint(model)
     length = input_ids_length + generated_tokens
-    engine = Engine(checkpoint, sequence_length=length, num_cores=num_cores, weights=weights)
+    engine = Engine(checkpoint, sequence_length=length, num_cores=num_cores, weights=weights,
+                    kv_cache_dtype=kv_cache_dtype)
     draft = Engine(draft_model, sequence_length=length, num_cores=num_cores,
-                   weights=draft_weights)
+                   weights=draft_weights, kv_cache_dtype=kv_cache_dtype)
     prompt_ids = _prompts(checkpoint.tokenizer, prompts, input_ids_length)
     config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
     plain = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids)
     spec = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids, draft=draft,
-                          num_speculative_tokens=num_speculative_tokens)
+                          num_speculative_tokens=num_speculative_tokens,
+                          adaptive_speculation=adaptive)
     plain.run([GenerationRequest(prompt_ids[0][:8], GenerationConfig(max_generated_tokens=4))])
     spec.run([GenerationRequest(prompt_ids[0][:8], GenerationConfig(max_generated_tokens=4))])
     spec.speculation = type(spec.speculation)()
@@ -300,7 +319,7 @@ def benchmark_speculative(
         texts.append([r.output_ids for r in done])
     return SpeculativeResult(
         model=str(model), draft_model=str(draft_model),
-        num_speculative_tokens=num_speculative_tokens, prompts=prompts,
+        num_speculative_tokens=num_speculative_tokens, adaptive=adaptive, prompts=prompts,
         generated_tokens=prompts * generated_tokens,
         autoregressive_s=times[0], speculative_s=times[1],
         acceptance_rate=spec.speculation.acceptance_rate,

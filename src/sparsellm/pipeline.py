@@ -78,8 +78,9 @@ class TextGeneration(Pipeline):
     stores the KV cache in half precision (half the memory). Any `GenerationConfig`
     field passed here becomes a default that each call can override. With `draft_model_path` (a
     smaller or compressed model with the same tokenizer) decoding is speculative: the draft
-    proposes `num_speculative_tokens` tokens per step and the model verifies them; outputs are
-    those of the model alone.
+    proposes `num_speculative_tokens` tokens per step (with `adaptive_speculation`, fewer while
+    its proposals get rejected) and the model verifies them; outputs are those of the model
+    alone.
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class TextGeneration(Pipeline):
         generation_config: GenerationConfig | dict[str, Any] | None = None,
         draft_model_path: str | Path | Checkpoint | None = None,
         num_speculative_tokens: int = 4,
+        adaptive_speculation: bool = False,
         **generation_kwargs: Any,
     ):
         if isinstance(generation_config, dict):
@@ -127,7 +129,8 @@ class TextGeneration(Pipeline):
             )
         self.generator = BatchGenerator(self.engine, self.tokenizer, checkpoint.eos_token_ids,
                                         draft=self.draft_engine,
-                                        num_speculative_tokens=num_speculative_tokens)
+                                        num_speculative_tokens=num_speculative_tokens,
+                                        adaptive_speculation=adaptive_speculation)
 
     # ---- inputs ---------------------------------------------------------------------------------
     def config_for(self, **overrides: Any) -> GenerationConfig:

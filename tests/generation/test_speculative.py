@@ -72,12 +72,13 @@ def main_and_draft(tiny_model_dir):
     return main, draft
 
 
-def _run(checkpoint, prompts, config, draft=None, k=4, batch=4, weights=None):
+def _run(checkpoint, prompts, config, draft=None, k=4, batch=4, weights=None, adaptive=False):
     engine = Engine(checkpoint, sequence_length=256, max_sequences=batch, weights=weights)
     draft_engine = Engine(draft, sequence_length=256, max_sequences=batch,
                           weights=weights) if draft else None
     gen = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids,
-                         draft=draft_engine, num_speculative_tokens=k)
+                         draft=draft_engine, num_speculative_tokens=k,
+                         adaptive_speculation=adaptive)
     reqs = [GenerationRequest(checkpoint.tokenizer.encode(p), config) for p in prompts]
     return gen.run(reqs), gen.speculation
 
@@ -92,6 +93,21 @@ def test_greedy_speculative_equals_plain(main_and_draft, k):
         assert a.output_ids == b.output_ids
         assert a.text == b.text
     assert st.steps > 0 and 0 <= st.accepted <= st.proposed
+
+
+def test_adaptive_speculation_shrinks_for_a_poor_draft_and_keeps_the_output(main_and_draft):
+    main, draft = main_and_draft
+    config = GenerationConfig(max_generated_tokens=64, force_max_tokens=True)
+    plain, _ = _run(main, PROMPTS[:8], config)
+    fixed, st_fixed = _run(main, PROMPTS[:8], config, draft=draft, k=6)
+    adaptive, st = _run(main, PROMPTS[:8], config, draft=draft, k=6, adaptive=True)
+    assert [r.output_ids for r in adaptive] == [r.output_ids for r in plain]
+    # The poor draft gets fewer tokens per step: less wasted drafting, and a higher acceptance.
+    assert st.proposed / st.steps < 0.6 * st_fixed.proposed / st_fixed.steps
+    assert st.acceptance_rate > st_fixed.acceptance_rate
+    # A perfect draft (the model itself) keeps drafting the maximum.
+    _, st_self = _run(main, PROMPTS[:4], config, draft=main, k=4, adaptive=True)
+    assert st_self.proposed / st_self.steps > 3.5
 
 
 def test_greedy_with_self_draft_accepts_everything(main_and_draft):

@@ -113,7 +113,7 @@ def test_w8a8_results_are_bitwise_the_same_on_every_isa(rng, fmt):
     finally:
         kernels.set_isa("auto")
     for isa in isas[1:]:
-        for a, b in zip(got[isa], got["scalar"]):
+        for a, b in zip(got[isa], got["scalar"], strict=True):
             np.testing.assert_array_equal(a, b, err_msg=f"{fmt}: {isa} vs scalar")
 
 

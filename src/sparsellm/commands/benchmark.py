@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, metavar="DRAFT",
                    help="compare autoregressive vs speculative decoding with this draft model")
     p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--adaptive-speculation", action="store_true",
+                   help="draft fewer tokens (down to 1) while drafts get rejected, up to "
+                        "--num-speculative-tokens while they are accepted")
     p.add_argument("--draft-weights", default=None,
                    help="convert the draft's weights on load (e.g. sparse_int4_g32 for a pruned "
                         "checkpoint; its lm_head gets the dense twin, int4_g32)")
@@ -42,7 +45,8 @@ def main(args: argparse.Namespace) -> int:
             args.model, args.draft_model, args.num_speculative_tokens,
             prompts=max(args.batch_size, 4), input_ids_length=args.input_ids_length,
             generated_tokens=args.generated_tokens, num_cores=args.num_cores,
-            weights=args.weights, draft_weights=args.draft_weights)
+            weights=args.weights, draft_weights=args.draft_weights,
+            adaptive=args.adaptive_speculation, kv_cache_dtype=args.kv_cache_dtype)
         print(spec.report())
         if args.export_json:
             write_json_atomic(args.export_json, spec.to_dict())

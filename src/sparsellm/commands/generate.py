@@ -26,6 +26,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "compressed)")
     p.add_argument("--num-speculative-tokens", type=int, default=4,
                    help="tokens the draft proposes per step (default 4)")
+    p.add_argument("--adaptive-speculation", action="store_true",
+                   help="draft fewer tokens while drafts get rejected (up to "
+                        "--num-speculative-tokens)")
 
 
 def add_generation_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,6 +86,7 @@ def main(args: argparse.Namespace) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         draft_model_path=args.draft_model,
         num_speculative_tokens=args.num_speculative_tokens,
+        adaptive_speculation=args.adaptive_speculation,
         **generation_kwargs(args),
     )
     messages = None

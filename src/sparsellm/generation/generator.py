@@ -72,6 +72,7 @@ class _Live:
         self.next_token: int | None = None  # sampled, not yet fed to the engine
         self.draft_slot: int | None = None  # the sequence's slot in the draft engine
         self.draft_behind: list[int] = []  # accepted tokens the draft has not been fed yet
+        self.draft_k = 0  # tokens to draft next step (adaptive speculation), 0 until the first
         self.history = list(request.prompt_ids)  # prompt + output, for repetition penalty
 
 
@@ -80,11 +81,14 @@ class BatchGenerator:
 
     With a `draft` engine (same vocabulary, its own KV cache with as many slots), each decode
     step is speculative: the draft proposes `num_speculative_tokens` tokens per sequence and the
-    main model verifies them all in one batched step.
+    main model verifies them all in one batched step. `adaptive_speculation` makes
+    `num_speculative_tokens` a maximum: each sequence drafts one token fewer after a step with a
+    rejection (down to 1) and one more after a step that accepted everything.
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, eos_token_ids: Sequence[int] = (),
-                 draft: Engine | None = None, num_speculative_tokens: int = 4):
+                 draft: Engine | None = None, num_speculative_tokens: int = 4,
+                 adaptive_speculation: bool = False):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
@@ -92,6 +96,7 @@ class BatchGenerator:
         self.active: dict[GenerationRequest, _Live] = {}
         self.draft = draft
         self.num_speculative_tokens = num_speculative_tokens
+        self.adaptive_speculation = adaptive_speculation
         self.speculation = SpeculationStats()
         if draft is not None:
             check_compatible_vocab(tokenizer, draft.checkpoint.tokenizer)
@@ -170,12 +175,14 @@ class BatchGenerator:
         draft = self.draft
         assert draft is not None
         lives = [self.active[r] for r in decoding]
+        for live in lives:
+            live.draft_k = live.draft_k or self.num_speculative_tokens
         # k per sequence: what its token budget and the main cache can still take.
         ks = [
-            max(0, min(self.num_speculative_tokens,
+            max(0, min(live.draft_k,
                        r.config.max_generated_tokens - len(r.output_ids) - 1,
                        self.engine.sequence_length - self.engine.length(r.slot) - 1))
-            for r in decoding
+            for r, live in zip(decoding, lives, strict=True)
         ]
         feeds = [live.draft_behind + [live.next_token] for live in lives]
         proposals: list[list[int]] = [[] for _ in decoding]
@@ -210,6 +217,9 @@ class BatchGenerator:
                 self.speculation.steps += 1
                 self.speculation.proposed += ks[i]
                 self.speculation.accepted += n
+                if self.adaptive_speculation:
+                    live.draft_k = min(live.draft_k + 1, self.num_speculative_tokens) \
+                        if n == ks[i] else max(live.draft_k - 1, 1)
                 # The draft was fed feed + proposals[:-1]; keep what was accepted.
                 fed = len(feeds[i]) + ks[i] - 1
                 draft_len = draft.length(live.draft_slot)
