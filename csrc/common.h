@@ -78,7 +78,8 @@ struct Acts {
   const int8_t* xq = nullptr;     // (T, kp) int8, act_int8 formats only
   const float* xscale = nullptr;  // (T,) x[t] ~= xq[t] * xscale[t]
   const int32_t* xsum = nullptr;  // (T,) sum of xq[t], act_int8 formats only
-  const float* gsum = nullptr;    // (T, kp/group) I4 only: per-group sums of x (xq for W4A8)
+  const float* gsum = nullptr;    // (T, kp/group) I4, and SP_I4 W4A8 on AVX-512: per-group
+                                  // sums of x (xq for W4A8)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -91,7 +92,7 @@ struct Acts {
 // ---------------------------------------------------------------------------------------------
 #define SL_GEMV_KERNELS(X) \
   X(f32) X(f16) X(bf16) X(i8) X(i8a8) X(i4) X(i4a8) X(sp_f32) X(sp_i8) X(sp_i8a8) X(sp_i4) \
-  X(s24_i8) X(s24_i8a8)
+  X(sp_i4a8) X(s24_i8) X(s24_i8a8)
 #define SL_DECLARE_GEMV(name) \
   void gemv_##name(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 
@@ -115,6 +116,7 @@ namespace avx512 {
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 }  // namespace avx512
 
 // Half / bfloat16 <-> float, portable. float_to_half rounds to nearest even, like F16C's

@@ -129,7 +129,16 @@ struct NibbleOrder {
   }
 };
 constexpr NibbleOrder kNib{};
-constexpr int kMaxNT4 = 8;  // tokens per tile of the sparse int4 kernel
+constexpr int kMaxNT4 = 8;  // tokens per tile of the sparse int4 kernels
+
+// Nibbles p, p + 1, ..., p + 63 of a packed stream, one per byte (0..15), in stream order.
+inline __m512i nibbles_in_order(const uint8_t* vals, int64_t p) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vals + (p >> 1)));
+  const __m512i split = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
+                                           _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
+  return _mm512_permutexvar_epi8(_mm512_load_si512(kNib.idx[p & 1]), split);
+}
 }  // namespace
 
 // Bitmask sparse int4 with fp32 activations (W4A16). Per 64-column mask word: a vpermb puts
@@ -146,7 +155,6 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   const int64_t kp = w.kp, G = w.group, ng = kp / G;
   for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
     const __m512 signed_nibble =  // value of each nibble 0..15 as a two's complement int4
         _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
     const uint8_t* m = w.mask + r * (kp / 8);
@@ -160,12 +168,7 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
     for (int64_t k = 0; k < kp; k += 64) {
       uint64_t bits;
       std::memcpy(&bits, m + k / 8, 8);
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vals + (p >> 1)));
-      const __m512i split = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
-          _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
-      const __m512i order = _mm512_load_si512(kNib.idx[p & 1]);
-      const __m512i e = _mm512_maskz_expand_epi8(bits, _mm512_permutexvar_epi8(order, split));
+      const __m512i e = _mm512_maskz_expand_epi8(bits, nibbles_in_order(vals, p));
       p += __builtin_popcountll(bits);
       for (int c = 0; c < 4; ++c) {
         const int64_t col = k + 16 * c;
@@ -177,6 +180,52 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
       }
     }
     for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(acc[t]);
+  });
+}
+
+
+// Bitmask sparse int4 with int8 activations (W4A8), VNNI. A word's nibbles are ordered and
+// expanded as in gemv_sp_i4, as unsigned offset values (q + 8; dropped columns get 8, i.e. 0);
+// one vpdpbusd per token gives 16 int32 sums of 4 columns each, converted to fp32 and scaled
+// once per word (lanes 0-7 and 8-15 hold different groups when G == 32). The offset's share,
+// 8 * sum_g scale_g * (group sum of xq), is subtracted once per row and token (Acts::gsum).
+void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
+                  int64_t r1) {
+  const uint8_t* V = static_cast<const uint8_t*>(w.data);
+  const int64_t kp = w.kp, G = w.group, ng = kp / G, gshift = __builtin_ctzll(uint64_t(G));
+  for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m512i eight = _mm512_set1_epi8(8);
+    const uint8_t* m = w.mask + r * (kp / 8);
+    const uint8_t* vals = V + w.row_off[r];
+    const float* sc = w.scale + r * ng;
+    const int8_t* xq = a.xq + t0 * kp;
+    int64_t p = 0;  // nibble index into this row's values
+    __m512 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kp; k += 64) {
+      prefetch_ahead(vals + (p >> 1));
+      uint64_t bits;
+      std::memcpy(&bits, m + k / 8, 8);
+      const __m512i u = _mm512_mask_expand_epi8(
+          eight, bits, _mm512_xor_si512(nibbles_in_order(vals, p), eight));
+      p += __builtin_popcountll(bits);
+      const __m512 s = G > 32 ? _mm512_set1_ps(sc[k >> gshift])
+                              : _mm512_castpd_ps(_mm512_insertf64x4(
+                                    _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
+                                    _mm256_castps_pd(_mm256_set1_ps(sc[k / 32 + 1])), 1));
+      for (int t = 0; t < NT; ++t) {
+        const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
+                                              _mm512_loadu_si512(xq + t * kp + k));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const float* gs = a.gsum + (t0 + t) * ng;
+      float offset = 0.f;
+      for (int64_t g = 0; g < ng; ++g) offset += sc[g] * gs[g];
+      y[(t0 + t) * ldy + r] = (_mm512_reduce_add_ps(acc[t]) - 8.f * offset) * a.xscale[t0 + t];
+    }
   });
 }
 

@@ -65,7 +65,11 @@ static inline int32_t nibble_at(const uint8_t* bytes, int64_t i) {
   return (n ^ 8) - 8;  // sign-extend the two's complement nibble
 }
 
-void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+// Bitmask int4 rows, fp32 activations (X = float) or int8 ones (W4A8: X = int8_t, exact int32
+// dot per group, scaled by the token's xscale at the end).
+template <typename X, typename Dot>
+static void gemv_sp_i4_rows(const Weight& w, const Acts& a, const X* xs, float* y, int64_t ldy,
+                            int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
   const int64_t kp = w.kp, ng = kp / w.group;
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
@@ -75,16 +79,25 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
     int64_t p = 0;
     float acc[NT] = {};
     for (int64_t g = 0; g < ng; ++g) {
-      float dot[NT] = {};
+      Dot dot[NT] = {};
       for (int64_t b = g * w.group / 8; b < (g + 1) * w.group / 8; ++b)
         for (uint32_t m = mrow[b]; m; m &= m - 1) {
-          const float v = float(nibble_at(vals, p++));
-          for (int t = 0; t < NT; ++t) dot[t] += v * a.x[(t0 + t) * kp + 8 * b + __builtin_ctz(m)];
+          const Dot v = Dot(nibble_at(vals, p++));
+          for (int t = 0; t < NT; ++t) dot[t] += v * Dot(xs[(t0 + t) * kp + 8 * b + __builtin_ctz(m)]);
         }
-      for (int t = 0; t < NT; ++t) acc[t] += dot[t] * w.scale[r * ng + g];
+      for (int t = 0; t < NT; ++t) acc[t] += float(dot[t]) * w.scale[r * ng + g];
     }
-    for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = acc[t];
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = w.act_int8 ? acc[t] * a.xscale[t0 + t] : acc[t];
   });
+}
+
+void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  gemv_sp_i4_rows<float, float>(w, a, a.x, y, ldy, r0, r1);
+}
+
+void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  gemv_sp_i4_rows<int8_t, int32_t>(w, a, a.xq, y, ldy, r0, r1);
 }
 
 // Calls f(column, value_index_in_block) for the 32 kept slots of a 2:4 block.

@@ -181,6 +181,51 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   });
 }
 
+// W4A8 bitmask: 8 columns at a time expanded to signed bytes as in gemv_sp_i4, four of them
+// joined into 32 columns for the sign/maddubs int8 dot (dot_i8) of each token; one int32
+// accumulator per token and group, scaled into fp32 at the group's end.
+void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
+                  int64_t r1) {
+  const uint8_t* V = static_cast<const uint8_t*>(w.data);
+  const int64_t kp = w.kp, ng = kp / w.group, chunks_per_group = w.group / 8;
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    const uint8_t* mrow = w.mask + r * (kp / 8);
+    const uint8_t* vals = V + w.row_off[r];
+    int64_t p = 0;  // nibble index into this row's packed values
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+      __m256i gi[NT];
+      for (int t = 0; t < NT; ++t) gi[t] = _mm256_setzero_si256();
+      for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 4) {
+        __m128i e[4];
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t m = mrow[c + j];
+          const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + (p >> 1)));
+          const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(raw, low4),
+                                                _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+          const __m128i sv = _mm_sub_epi8(_mm_xor_si128(nib, eight), eight);
+          e[j] = _mm_shuffle_epi8(sv, shuf_ctrl8(m, uint32_t(p & 1)));
+          p += __builtin_popcount(m);
+        }
+        const __m256i wv = _mm256_set_m128i(_mm_unpacklo_epi64(e[2], e[3]),
+                                            _mm_unpacklo_epi64(e[0], e[1]));
+        const __m256i wa = _mm256_sign_epi8(wv, wv);
+        for (int t = 0; t < NT; ++t) {
+          const __m256i x = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(a.xq + (t0 + t) * kp + 8 * c));
+          gi[t] = dot_i8(gi[t], wa, wv, x);
+        }
+      }
+      const __m256 s = _mm256_set1_ps(w.scale[r * ng + g]);
+      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi[t]), s, acc[t]);
+    }
+    for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = hsum(acc[t]) * a.xscale[t0 + t];
+  });
+}
+
 // 2:4: build the pshufb control for one 64-column block from its selectors (see layout notes
 // in gemv_sparse.cpp): qword s of the result holds slot s's 8 column indices within its chunk.
 static inline __m256i s24_control(uint64_t meta) {

@@ -34,6 +34,8 @@ static GemvFn pick_gemv(const Weight& w, int64_t T) {
       if (w.act_int8) return v ? avx2::gemv_sp_i8a8 : scalar::gemv_sp_i8a8;
       return v ? avx2::gemv_sp_i8 : scalar::gemv_sp_i8;
     case Fmt::SP_I4:
+      if (w.act_int8 && use_avx512()) return avx512::gemv_sp_i4a8;
+      if (w.act_int8) return v ? avx2::gemv_sp_i4a8 : scalar::gemv_sp_i4a8;
       if (use_avx512()) return avx512::gemv_sp_i4;
       return v ? avx2::gemv_sp_i4 : scalar::gemv_sp_i4;
     case Fmt::S24_I8:
@@ -56,7 +58,8 @@ static int64_t g_gemv_max_tokens = 0;  // 0: the per-format defaults above
 int64_t gemv_max_tokens(const Weight& w) {
   if (g_gemv_max_tokens > 0) return g_gemv_max_tokens;
   if (!w.act_int8) return kGemvMaxTokensF32;
-  return w.fmt == Fmt::I4 ? kGemvMaxTokensI4A8 : std::numeric_limits<int64_t>::max();
+  return w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4 ? kGemvMaxTokensI4A8
+                                                 : std::numeric_limits<int64_t>::max();
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
@@ -158,11 +161,11 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     a.xq = s.xq.data();
     a.xscale = s.xscale.data();
     a.xsum = s.xsum.data();
-    if (w.fmt == Fmt::I4) {
+    if (w.fmt == Fmt::I4 || (w.fmt == Fmt::SP_I4 && w.act_int8)) {
       // Group sums of the activations the kernel multiplies (zero-point term), per token;
       // fused int4 weights with the same groups (q/k/v, gate/up) share one computation.
       for (int j = 0; j < i && !a.gsum; ++j)
-        if (ws[j]->fmt == Fmt::I4 && ws[j]->group == w.group && ws[j]->act_int8 == w.act_int8)
+        if (ws[j]->group == w.group && ws[j]->act_int8 == w.act_int8 && acts[j].gsum)
           a.gsum = acts[j].gsum;
       if (!a.gsum) {
         float* gs = s.gsum.data() + i * T * (kp / 32);

@@ -98,6 +98,27 @@ def test_two_four_and_w4a16(tiny_model, calib_texts, tmp_path):
     assert "lm_head.weight" not in ckpt.weight_formats
 
 
+def test_sparse_w4a8_checkpoint_runs_its_declared_format(tiny_model, calib_texts, tmp_path):
+    """50% + W4A8 declares sparse int4 weights with int8 activations; the native engine runs
+    that format (sparse_int4_g*_a8) and tracks the NumPy reference engine."""
+    recipe = ("SparseGPTModifier: {sparsity: 0.5, mask_structure: '0:0'}\n"
+              "GPTQModifier: {scheme: W4A8, ignore: [lm_head]}\n")
+    compress(tiny_model, calib_texts, recipe, tmp_path / "o", 4, 32, progress=False)
+    ckpt = load_checkpoint(tmp_path / "o")
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    for group in config["quantization_config"]["config_groups"].values():
+        assert group["input_activations"]["num_bits"] == 8 and group["weights"]["num_bits"] == 4
+    assert ckpt.weight_formats["model.layers.0.mlp.down_proj.weight"].name == \
+        "sparse_int4_g128_a8"
+    ids = ckpt.tokenizer.encode("def f(x):")
+    native, numpy_ = Engine(ckpt, sequence_length=32), Engine(ckpt, 32, backend="numpy")
+    assert native.formats["model.layers.0.mlp.down_proj.weight"] == "sparse_int4_g128_a8"
+    a, b = native.add_sequence(), numpy_.add_sequence()
+    la, lb = native.prefill(a, ids), numpy_.prefill(b, ids)
+    # The NumPy twin keeps fp32 activations; int8 ones perturb the logits a little.
+    assert np.linalg.norm(la - lb) / np.linalg.norm(lb) < 0.05
+
+
 def test_user_errors(tiny_model, calib_texts, tmp_path):
     ok = "SparseGPTModifier: {sparsity: 0.5}"
     with pytest.raises(ValueError, match="less than 1"):

@@ -88,6 +88,7 @@ PRESET_SCHEMES: dict[str, dict[str, Any]] = {
     "W8A16": {"weights": _w(8)},
     "W4A16": {"weights": _w(4, True, 128)},
     "W4A16_ASYM": {"weights": _w(4, False, 128)},
+    "W4A8": {"weights": _w(4, True, 128), "input_activations": _A8},
 }
 
 

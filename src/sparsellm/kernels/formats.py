@@ -54,7 +54,8 @@ _FORMAT_RE = re.compile(
 FORMATS = (
     "fp32", "fp16", "bf16", "int8", "int8_a8",
     *(f"int4_g{g}{a}{a8}" for g in (32, 64, 128) for a in ("", "_asym") for a8 in ("", "_a8")),
-    "sparse_fp32", "sparse_int8", "sparse_int8_a8", *(f"sparse_int4_g{g}" for g in (32, 64, 128)),
+    "sparse_fp32", "sparse_int8", "sparse_int8_a8",
+    *(f"sparse_int4_g{g}{a8}" for g in (32, 64, 128) for a8 in ("", "_a8")),
     "2:4_int8", "2:4_int8_a8",
 )
 
@@ -64,8 +65,8 @@ def parse_format(name: str) -> FormatSpec:
     sp = m and m["sp"]
     if m and m["a8"] and m["float"]:
         m = None  # int8 activations only pair with integer weights
-    if m and sp and (m["float"] in ("fp16", "bf16") or m["asym"] or (m["a8"] and m["g"])):
-        m = None  # sparse values are fp32, int8 or symmetric int4 (fp32 activations)
+    if m and sp and (m["float"] in ("fp16", "bf16") or m["asym"]):
+        m = None  # sparse values are fp32, int8 or symmetric int4
     if m and sp in ("2:4_", "sparse24_") and (m["float"] or m["g"]):
         m = None  # 2:4 kernels exist for int8 values
     if not m:
