@@ -41,6 +41,7 @@ enum class Fmt : int {
   SP_F32 = 5,  // bitmask sparse: mask (rows, kp/8), values float, row_off (rows+1) in elements
   SP_I8 = 6,   //   ... values int8 + scale (rows,)
   SP_I4 = 7,   //   ... values signed nibbles, row_off in bytes; scale (rows, kp/G), symmetric
+               //   (act_int8: W4A8)
   S24_I8 = 8,  // 2:4 semi-structured int8: values (rows, kp/2), meta (rows, kp/64) uint64
 };
 
