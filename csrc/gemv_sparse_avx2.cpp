@@ -54,6 +54,18 @@ inline __m128i expand16_i8(const int8_t* v, uint32_t m0, uint32_t m1) {
   return _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)), ctrl);
 }
 
+// The 8 columns of mask byte m as signed bytes (low half of the result): 8 bytes = 16 nibbles
+// from the byte holding nibble p, widened to bytes in order, sign-extended ((n ^ 8) - 8), then
+// expanded with the shuffle shifted by p & 1.
+inline __m128i expand8_nibbles(const uint8_t* vals, int64_t p, uint32_t m) {
+  const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + (p >> 1)));
+  const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(raw, low4),
+                                        _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+  const __m128i sv = _mm_sub_epi8(_mm_xor_si128(nib, eight), eight);
+  return _mm_shuffle_epi8(sv, shuf_ctrl8(m, uint32_t(p & 1)));
+}
+
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
   __builtin_memcpy(&v, p, 4);
@@ -145,7 +157,6 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   // 3 tokens per tile: 3 x (acc, ga, gb) + the two expanded weight vectors.
   for_rows_and_tiles<3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
-    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
     int64_t p = 0;  // nibble index into this row's packed values
@@ -158,14 +169,7 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
         __m256 f[2];
         for (int j = 0; j < 2; ++j) {
           const uint32_t m = mrow[c + j];
-          // 8 bytes = 16 nibbles starting at the byte holding nibble p; widen to bytes in
-          // order, sign-extend ((n ^ 8) - 8), then expand with the shuffle shifted by p & 1.
-          const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + (p >> 1)));
-          const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(raw, low4),
-                                                _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-          const __m128i sv = _mm_sub_epi8(_mm_xor_si128(nib, eight), eight);
-          const __m128i e = _mm_shuffle_epi8(sv, shuf_ctrl8(m, uint32_t(p & 1)));
-          f[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
+          f[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(expand8_nibbles(vals, p, m)));
           p += __builtin_popcount(m);
         }
         for (int t = 0; t < NT; ++t) {
@@ -190,7 +194,6 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
   const int64_t kp = w.kp, ng = kp / w.group, chunks_per_group = w.group / 8;
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
-    const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
     int64_t p = 0;  // nibble index into this row's packed values
@@ -203,11 +206,7 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
         __m128i e[4];
         for (int j = 0; j < 4; ++j) {
           const uint32_t m = mrow[c + j];
-          const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + (p >> 1)));
-          const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(raw, low4),
-                                                _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-          const __m128i sv = _mm_sub_epi8(_mm_xor_si128(nib, eight), eight);
-          e[j] = _mm_shuffle_epi8(sv, shuf_ctrl8(m, uint32_t(p & 1)));
+          e[j] = expand8_nibbles(vals, p, m);
           p += __builtin_popcount(m);
         }
         const __m256i wv = _mm256_set_m128i(_mm_unpacklo_epi64(e[2], e[3]),
