@@ -119,7 +119,7 @@ def run_schedule(model, args):
 
 FORMATS = ["fp32", "fp16", "bf16", "int8", "int8_a8", "int4_g32", "int4_g64_asym",
            "int4_g32_a8", "sparse_fp32", "sparse_int8", "sparse_int8_a8", "sparse_int4_g32",
-           "2:4_int8", "2:4_int8_a8"]
+           "sparse_int4_g64_a8", "2:4_int8", "2:4_int8_a8"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
