@@ -72,7 +72,7 @@ class _Live:
         self.next_token: int | None = None  # sampled, not yet fed to the engine
         self.draft_slot: int | None = None  # the sequence's slot in the draft engine
         self.draft_behind: list[int] = []  # accepted tokens the draft has not been fed yet
-        self.draft_k = 0  # tokens to draft next step (adaptive speculation), 0 until the first
+        self.draft_k = 0  # tokens to draft next step (changes with adaptive speculation)
         self.history = list(request.prompt_ids)  # prompt + output, for repetition penalty
 
 
@@ -154,6 +154,7 @@ class BatchGenerator:
             live = self.active[r] = _Live(r, self.tokenizer)
             if self.draft is not None:
                 live.draft_slot = self.draft.add_sequence()
+                live.draft_k = self.num_speculative_tokens
                 self.draft.prefill(live.draft_slot, r.prompt_ids)
             logits = self.engine.prefill(r.slot, r.prompt_ids, all_logits=r.return_logits)
             if r.return_logits:
@@ -175,8 +176,6 @@ class BatchGenerator:
         draft = self.draft
         assert draft is not None
         lives = [self.active[r] for r in decoding]
-        for live in lives:
-            live.draft_k = live.draft_k or self.num_speculative_tokens
         # k per sequence: what its token budget and the main cache can still take.
         ks = [
             max(0, min(live.draft_k,
