@@ -178,14 +178,15 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
   if (int64_t(scores.size()) < num_threads() * s.cap) scores.resize(size_t(num_threads() * s.cap));
   // One task per (token, head); causal prefill rows differ in length -> handed out in
   // chunks of 4 from a shared counter.
-  // Work ~ T * H * keys * hd. One sequence's decode step over a short context (~10 us on one
-  // core) stays on one thread; a batch of sequences or a long context is split (a fork/join
-  // of the pool costs a few microseconds; serial attention was ~8% of a batch-8 step).
+  // Work ~ T * H * keys * hd. Split across threads from 2^14 (SmolLM2: 29+ keys): a fork/join
+  // of the pool costs a few microseconds, and one sequence's decode step over 96 / 160 keys
+  // took 9.6 / 14.8 us per layer on one thread, 6.8-7.6 / 9.5-10.5 on two (2^17 before). Only
+  // a decode step over a very short context stays on one thread.
   int64_t keys = 0;
   for (int64_t t = 0; t < s.T; ++t) keys += pos[t] + 1;
   const int64_t tasks = s.T * s.H;
   std::atomic<int64_t> next{0};
-  parallel(keys * s.H * s.hd >= (int64_t(1) << 17), [&](int id, int) {
+  parallel(keys * s.H * s.hd >= (int64_t(1) << 14), [&](int id, int) {
     float* sc = scores.data() + id * s.cap;
     for (int64_t c0; (c0 = next.fetch_add(4, std::memory_order_relaxed)) < tasks;)
       for (int64_t th = c0; th < std::min(tasks, c0 + 4); ++th) {
