@@ -54,7 +54,8 @@ void set_isa(const std::string& name) {
   } else if (name == "avx512") {
     if (!cpu_supports_avx512())
       throw std::runtime_error(
-          "set_isa('avx512'): this CPU lacks AVX512 F/BW/VL/VNNI/VBMI/VBMI2; use 'avx2' or 'scalar'");
+          "set_isa('avx512'): this CPU lacks AVX512 F/BW/VL/VNNI/VBMI/VBMI2; use 'avx2' or "
+          "'scalar'");
     g_isa = int(Isa::Avx512);
   } else if (name == "auto") {
     g_isa = int(best_isa());

@@ -149,8 +149,8 @@ inline __m512i nibbles_in_order(const uint8_t* vals, int64_t p) {
 // 16 signed nibble values, indexed straight from the bytes (a vpermb puts byte i in dword i;
 // vpermps reads only an index's low 4 bits). ~30 instructions per 64 columns, 10 of them
 // shuffles (which bound it), against ~100 for the AVX2 kernel's per-byte shuffles and
-// conversions: 2.1x its speed at T == 1 (hot cache, 1 thread), 2.5x at T = 4. Reads up to 32 bytes past a row's last value (the values
-// end with 64 bytes of padding).
+// conversions: 2.1x its speed at T == 1 (hot cache, 1 thread), 2.5x at T = 4. Reads up to 32
+// bytes past a row's last value (the values end with 64 bytes of padding).
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
   const int64_t kp = w.kp, G = w.group, ng = kp / G;

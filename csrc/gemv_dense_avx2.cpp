@@ -11,7 +11,8 @@ namespace sl::avx2 {
 constexpr auto one = [](int64_t) { return 1.f; };
 
 void gemv_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  gemv_float_rows<float>(w, a, y, ldy, r0, r1, [](const float* p) { return _mm256_loadu_ps(p); }, one);
+  gemv_float_rows<float>(w, a, y, ldy, r0, r1, [](const float* p) { return _mm256_loadu_ps(p); },
+                         one);
 }
 
 void gemv_f16(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {

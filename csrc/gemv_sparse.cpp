@@ -83,7 +83,8 @@ static void gemv_sp_i4_rows(const Weight& w, const Acts& a, const X* xs, float* 
       for (int64_t b = g * w.group / 8; b < (g + 1) * w.group / 8; ++b)
         for (uint32_t m = mrow[b]; m; m &= m - 1) {
           const Dot v = Dot(nibble_at(vals, p++));
-          for (int t = 0; t < NT; ++t) dot[t] += v * Dot(xs[(t0 + t) * kp + 8 * b + __builtin_ctz(m)]);
+          const int64_t col = 8 * b + __builtin_ctz(m);
+          for (int t = 0; t < NT; ++t) dot[t] += v * Dot(xs[(t0 + t) * kp + col]);
         }
       for (int t = 0; t < NT; ++t) acc[t] += float(dot[t]) * w.scale[r * ng + g];
     }

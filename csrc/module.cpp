@@ -449,12 +449,14 @@ PYBIND11_MODULE(_native, m) {
       [](py::array x, py::array out) {
         if (x.size() != out.size() || !out.dtype().is(py::dtype("float16")) ||
             !(out.flags() & py::array::c_style))
-          throw std::invalid_argument("to_half: out must be a C-contiguous float16 array of x's size");
+          throw std::invalid_argument(
+              "to_half: out must be a C-contiguous float16 array of x's size");
         const float* xp = ptr_of<float>(x, "x");
         uint16_t* op = static_cast<uint16_t*>(out.mutable_data());
         py::gil_scoped_release nogil;
         to_half(xp, op, x.size());
       },
-      py::arg("x"), py::arg("out"), "Round fp32 to IEEE half (nearest even), as the fp16 KV cache does");
+      py::arg("x"), py::arg("out"),
+      "Round fp32 to IEEE half (nearest even), as the fp16 KV cache does");
 
 }

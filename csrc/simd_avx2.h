@@ -39,11 +39,12 @@ inline __m256i dot_i8(__m256i acc, __m256i wabs, __m256i w, __m256i x) {
 }
 
 // Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):
-// y[t, r] = row_scale(r) * dot(W[r], x[t]), W stored as V, load8(p) widens 8 of them. 16 columns per step, two accumulators per token
-// (enough to stream DRAM at T == 1), and each pair of weight vectors is loaded / widened once
-// for up to 5 tokens (10 accumulators + 2 weights + 1 temporary of the 16 ymm registers): a
-// speculative verification of 4 drafted tokens + 1 is one tile, and costs ~4 instructions per
-// 16 columns per token instead of 12 with 4 accumulators per token and 2-token tiles.
+// y[t, r] = row_scale(r) * dot(W[r], x[t]), W stored as V, load8(p) widens 8 of them. 16
+// columns per step, two accumulators per token (enough to stream DRAM at T == 1), and each pair
+// of weight vectors is loaded / widened once for up to 5 tokens (10 accumulators + 2 weights + 1
+// temporary of the 16 ymm registers): a speculative verification of 4 drafted tokens + 1 is one
+// tile, and costs ~4 instructions per 16 columns per token instead of 12 with 4 accumulators
+// per token and 2-token tiles.
 template <typename V, typename Load8, typename RowScale>
 inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                             int64_t r1, Load8 load8, RowScale row_scale) {
