@@ -85,6 +85,13 @@ def rename(raw: dict[str, np.ndarray], table: dict[str, str], n_layers: int,
     return out
 
 
+def layer_tensor_names(prefix: str, layer: dict[str, str]) -> dict[str, str]:
+    """Template entries for `rename`: the weight and bias of each module in `layer` (source
+    name under `prefix` -> canonical name), "{i}" being the layer index."""
+    return {f"{prefix}.{{i}}.{src}.{kind}": f"model.layers.{{i}}.{dst}.{kind}"
+            for src, dst in layer.items() for kind in ("weight", "bias")}
+
+
 def expand(table: dict[str, str], n_layers: int) -> dict[str, str]:
     out = {}
     for src, dst in table.items():

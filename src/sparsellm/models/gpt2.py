@@ -9,7 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from .convert import activation, gguf_tensor_names, refuse, rename, split_qkv
+from .convert import (
+    activation,
+    gguf_tensor_names,
+    layer_tensor_names,
+    refuse,
+    rename,
+    split_qkv,
+)
 from .decoder import ModelArgs
 
 
@@ -40,8 +47,7 @@ HF_TENSOR_NAMES = {
     "transformer.ln_f.weight": "model.norm.weight",
     "transformer.ln_f.bias": "model.norm.bias",
     "lm_head.weight": "lm_head.weight",
-    **{f"transformer.h.{{i}}.{src}.{kind}": f"model.layers.{{i}}.{dst}.{kind}"
-       for src, dst in _LAYER.items() for kind in ("weight", "bias")},
+    **layer_tensor_names("transformer.h", _LAYER),
 }
 HF_IGNORED = (r"\.attn\.bias$", r"\.attn\.masked_bias$")  # causal-mask buffers of old exports
 _CONV1D = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")

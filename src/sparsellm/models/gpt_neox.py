@@ -16,6 +16,7 @@ from .convert import (
     gguf_rope,
     gguf_tensor_names,
     group_rows,
+    layer_tensor_names,
     rename,
     rope_settings,
     split_qkv,
@@ -54,8 +55,7 @@ HF_TENSOR_NAMES = {
     "gpt_neox.final_layer_norm.weight": "model.norm.weight",
     "gpt_neox.final_layer_norm.bias": "model.norm.bias",
     "embed_out.weight": "lm_head.weight",
-    **{f"gpt_neox.layers.{{i}}.{src}.{kind}": f"model.layers.{{i}}.{dst}.{kind}"
-       for src, dst in _LAYER.items() for kind in ("weight", "bias")},
+    **layer_tensor_names("gpt_neox.layers", _LAYER),
 }
 HF_IGNORED = (r"\.attention\.bias$", r"\.attention\.masked_bias$", r"rotary_emb\.inv_freq$")
 

@@ -15,6 +15,7 @@ from .convert import (
     UnsupportedConfigError,
     activation,
     group_rows,
+    layer_tensor_names,
     permute_rope_qk,
     rename,
     split_fused,
@@ -53,8 +54,7 @@ def _names(attention: dict[str, str]) -> dict[str, str]:
         "transformer.ln_f.bias": "model.norm.bias",
         "lm_head.weight": "lm_head.weight",
         "lm_head.bias": "lm_head.bias",
-        **{f"transformer.h.{{i}}.{src}.{kind}": f"model.layers.{{i}}.{dst}.{kind}"
-           for src, dst in layer.items() for kind in ("weight", "bias")},
+        **layer_tensor_names("transformer.h", layer),
     }
 
 

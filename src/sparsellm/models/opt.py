@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .convert import UnsupportedConfigError, activation, refuse, rename
+from .convert import UnsupportedConfigError, activation, layer_tensor_names, refuse, rename
 from .decoder import ModelArgs
 
 POSITION_OFFSET = 2  # OPT's learned position table starts at row 2
@@ -49,8 +49,7 @@ HF_TENSOR_NAMES = {
     "model.decoder.final_layer_norm.weight": "model.norm.weight",
     "model.decoder.final_layer_norm.bias": "model.norm.bias",
     "lm_head.weight": "lm_head.weight",
-    **{f"model.decoder.layers.{{i}}.{src}.{kind}": f"model.layers.{{i}}.{dst}.{kind}"
-       for src, dst in _LAYER.items() for kind in ("weight", "bias")},
+    **layer_tensor_names("model.decoder.layers", _LAYER),
 }
 
 

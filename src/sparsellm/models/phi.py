@@ -17,6 +17,7 @@ from .convert import (
     common_args,
     gguf_rope,
     gguf_tensor_names,
+    layer_tensor_names,
     refuse,
     rename,
     rope_settings,
@@ -61,8 +62,7 @@ PHI2_HF_TENSOR_NAMES = {
     "model.final_layernorm.bias": "model.norm.bias",
     "lm_head.weight": "lm_head.weight",
     "lm_head.bias": "lm_head.bias",
-    **{f"model.layers.{{i}}.{src}.{kind}": f"model.layers.{{i}}.{dst}.{kind}"
-       for src, dst in _PHI2_LAYER.items() for kind in ("weight", "bias")},
+    **layer_tensor_names("model.layers", _PHI2_LAYER),
 }
 
 
