@@ -12,8 +12,8 @@ namespace sl {
 namespace scalar {
 
 template <typename KV>
-static void attend_kv(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
-                      float scale, float* sc, float* o) {
+void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
+            float* sc, float* o) {
   for (int64_t j = 0; j < n; ++j) {
     float s = 0.f;
     for (int64_t i = 0; i < hd; ++i) s += q[i] * to_float(K[j * hd + i]);
@@ -25,15 +25,10 @@ static void attend_kv(const float* q, const KV* K, const KV* V, int64_t n, int64
     for (int64_t i = 0; i < hd; ++i) o[i] += sc[j] * to_float(V[j * hd + i]);
 }
 
-void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o) {
-  attend_kv(q, K, V, n, hd, scale, sc, o);
-}
-
-void attend(const float* q, const uint16_t* K, const uint16_t* V, int64_t n, int64_t hd,
-            float scale, float* sc, float* o) {
-  attend_kv(q, K, V, n, hd, scale, sc, o);
-}
+template void attend<float>(const float*, const float*, const float*, int64_t, int64_t, float,
+                            float*, float*);
+template void attend<uint16_t>(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t,
+                               float, float*, float*);
 
 void to_half(const float* x, uint16_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_half(x[i]);
@@ -171,9 +166,7 @@ template <typename KV>
 static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc,
                          const int64_t* slots, const int64_t* pos, const AttnShape& s, float* out,
                          int64_t ldo, std::vector<float>& scores) {
-  using Attend = void (*)(const float*, const KV*, const KV*, int64_t, int64_t, float, float*,
-                          float*);
-  const Attend attend = use_avx2() ? Attend(avx2::attend) : Attend(scalar::attend);
+  const auto attend = use_avx2() ? avx2::attend<KV> : scalar::attend<KV>;
   const int64_t group = s.H / s.KV;
   if (int64_t(scores.size()) < num_threads() * s.cap) scores.resize(size_t(num_threads() * s.cap));
   // One task per (token, head); causal prefill rows differ in length -> handed out in

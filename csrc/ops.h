@@ -58,22 +58,21 @@ void attention(const float* q, int64_t ldq, const void* kc, const void* vc, cons
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
                std::vector<float>& scores);
 
-// One head of one token: o = softmax(scale * K q) V over n keys; K, V: (n, hd) fp32 or half;
-// sc: n floats.
-#define SL_DECLARE_ATTEND(KV)                                                                 \
-  void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale, \
-              float* sc, float* o);
+// One head of one token: o = softmax(scale * K q) V over n keys; K, V: (n, hd), KV = float or
+// uint16_t (IEEE half), both instantiated; sc: n floats.
 namespace scalar {
-SL_DECLARE_ATTEND(float)
-SL_DECLARE_ATTEND(uint16_t)
+template <typename KV>
+void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
+            float* sc, float* o);
 void to_half(const float* x, uint16_t* out, int64_t n);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);
 void softmax_inplace(float* x, int64_t n);
 }  // namespace scalar
 namespace avx2 {
-SL_DECLARE_ATTEND(float)
-SL_DECLARE_ATTEND(uint16_t)
+template <typename KV>
+void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
+            float* sc, float* o);
 void to_half(const float* x, uint16_t* out, int64_t n);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);

@@ -62,8 +62,8 @@ static inline void weighted_sum(const float* sc, const KV* V, int64_t n, int64_t
 }
 
 template <typename KV>
-static void attend_kv(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
-                      float scale, float* sc, float* o) {
+void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
+            float* sc, float* o) {
   for (int64_t j = 0; j < n; ++j) sc[j] = dot(q, K + j * hd, hd) * scale;
   softmax_inplace(sc, n);
   int64_t c = 0;
@@ -76,15 +76,10 @@ static void attend_kv(const float* q, const KV* K, const KV* V, int64_t n, int64
   }
 }
 
-void attend(const float* q, const float* K, const float* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o) {
-  attend_kv(q, K, V, n, hd, scale, sc, o);
-}
-
-void attend(const float* q, const uint16_t* K, const uint16_t* V, int64_t n, int64_t hd,
-            float scale, float* sc, float* o) {
-  attend_kv(q, K, V, n, hd, scale, sc, o);
-}
+template void attend<float>(const float*, const float*, const float*, int64_t, int64_t, float,
+                            float*, float*);
+template void attend<uint16_t>(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t,
+                               float, float*, float*);
 
 void to_half(const float* x, uint16_t* out, int64_t n) {
   int64_t i = 0;

@@ -118,7 +118,8 @@ class NativeDecoderModel:
         logit_rows: np.ndarray,
     ) -> np.ndarray:
         """Same contract as DecoderModel.forward; k_cache/v_cache (layers, slots, kv_heads,
-        capacity, head_dim) float32 C-contiguous are written in place. -> (len(logit_rows), vocab)
+        capacity, head_dim), C-contiguous float32 or float16, are written in place.
+        -> (len(logit_rows), vocab)
         """
         i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
         tokens, slots, positions, rows = i64(tokens), i64(slots), i64(positions), i64(logit_rows)
