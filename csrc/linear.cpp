@@ -161,7 +161,8 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     a.xq = s.xq.data();
     a.xscale = s.xscale.data();
     a.xsum = s.xsum.data();
-    if (w.fmt == Fmt::I4 || (w.fmt == Fmt::SP_I4 && w.act_int8)) {
+    // (Sparse W4A8 needs them only in the AVX-512 kernel: the others multiply signed values.)
+    if (w.fmt == Fmt::I4 || (w.fmt == Fmt::SP_I4 && w.act_int8 && use_avx512())) {
       // Group sums of the activations the kernel multiplies (zero-point term), per token;
       // fused int4 weights with the same groups (q/k/v, gate/up) share one computation.
       for (int j = 0; j < i && !a.gsum; ++j)
