@@ -111,43 +111,35 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
 
 
 namespace {
-// vpermb indices that turn 32 bytes of nibbles, split into a [low nibbles | high nibbles] table,
-// into 64 bytes in stream order starting at nibble `odd` (0 or 1): byte j <- nibble j + odd,
-// which is the low nibble of byte (j + odd) / 2 when j + odd is even, else the high one.
 // spread[c]: vpermb indices putting byte 16c + i of a 64-byte vector in the low byte of dword
 // i, the only bits vpermps reads of an index (the other bytes are don't-cares).
-struct NibbleOrder {
-  alignas(64) uint8_t idx[2][64] = {};
-  alignas(64) uint8_t spread[4][64] = {};
-  constexpr NibbleOrder() {
-    for (int odd = 0; odd < 2; ++odd)
-      for (int j = 0; j < 64; ++j) {
-        const int n = (j + odd) & 63;  // j == 63, odd == 1 reads past the word: unused
-        idx[odd][j] = uint8_t(n / 2 + (n % 2) * 32);
-      }
+struct Spread {
+  alignas(64) uint8_t idx[4][64] = {};
+  constexpr Spread() {
     for (int c = 0; c < 4; ++c)
-      for (int j = 0; j < 64; ++j) spread[c][j] = uint8_t(16 * c + j / 4);
+      for (int j = 0; j < 64; ++j) idx[c][j] = uint8_t(16 * c + j / 4);
   }
 };
-constexpr NibbleOrder kNib{};
+constexpr Spread kSpread{};
 constexpr int kMaxNT4 = 8;  // tokens per tile of the sparse int4 kernels
 
-// Nibbles p, p + 1, ..., p + 63 of a packed stream, one per byte (0..15), in stream order.
-inline __m512i nibbles_in_order(const uint8_t* vals, int64_t p) {
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vals + (p >> 1)));
-  const __m512i split = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(raw, low4)),
-                                           _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), 1);
-  return _mm512_permutexvar_epi8(_mm512_load_si512(kNib.idx[p & 1]), split);
+// The (up to) 64 nibbles of a mask word, one per byte (0..15) in stream order, from the 32
+// bytes at `bytes` (a word starts on a byte): each byte widened to a 16-bit lane 0x00HL, then
+// (lane | lane << 4) & 0x0f0f = 0x0H0L puts the low nibble in the lane's first byte.
+inline __m512i word_nibbles(const uint8_t* bytes) {
+  const __m512i w =
+      _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+  return _mm512_ternarylogic_epi64(w, _mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x0f0f),
+                                   0xa8);  // (a | b) & c
 }
 }  // namespace
 
-// Bitmask sparse int4 with fp32 activations (W4A16). Per 64-column mask word: a vpermb puts
-// the word's packed nibbles in stream order (absorbing an odd starting nibble), a vpexpandb
-// moves them to their columns (dropped columns get nibble 0, the value 0), and each 16-column
-// chunk becomes fp32 through a 16-entry vpermps table holding the group's q * scale for the
+// Bitmask sparse int4 with fp32 activations (W4A16). Per 64-column mask word: the word's
+// nibbles are widened to bytes in stream order (word_nibbles), a vpexpandb moves them to their
+// columns (dropped columns get nibble 0, the value 0), and each 16-column chunk becomes fp32
+// through a 16-entry vpermps table holding the group's q * scale for the
 // 16 signed nibble values, indexed straight from the bytes (a vpermb puts byte i in dword i;
-// vpermps reads only an index's low 4 bits). ~30 instructions per 64 columns, 10 of them
+// vpermps reads only an index's low 4 bits). ~28 instructions per 64 columns, 9 of them
 // shuffles (which bound it), against ~100 for the AVX2 kernel's per-byte shuffles and
 // conversions: 2.1x its speed at T == 1 (hot cache, 1 thread), 2.5x at T = 4. Reads up to 32
 // bytes past a row's last value (the values end with 64 bytes of padding).
@@ -162,19 +154,18 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
     const uint8_t* vals = V + w.row_off[r];
     const float* sc = w.scale + r * ng;
     const float* x = a.x + t0 * kp;
-    int64_t p = 0;  // nibble index into this row's values
     __m512 table = _mm512_setzero_ps();
     __m512 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kp; k += 64) {
       uint64_t bits;
       std::memcpy(&bits, m + k / 8, 8);
-      const __m512i e = _mm512_maskz_expand_epi8(bits, nibbles_in_order(vals, p));
-      p += __builtin_popcountll(bits);
+      const __m512i e = _mm512_maskz_expand_epi8(bits, word_nibbles(vals));
+      vals += (__builtin_popcountll(bits) + 1) / 2;
       for (int c = 0; c < 4; ++c) {
         const int64_t col = k + 16 * c;
         if ((col & (G - 1)) == 0) table = _mm512_mul_ps(signed_nibble, _mm512_set1_ps(sc[col / G]));
-        const __m512i q = _mm512_permutexvar_epi8(_mm512_load_si512(kNib.spread[c]), e);
+        const __m512i q = _mm512_permutexvar_epi8(_mm512_load_si512(kSpread.idx[c]), e);
         const __m512 wf = _mm512_permutexvar_ps(q, table);
         for (int t = 0; t < NT; ++t)
           acc[t] = _mm512_fmadd_ps(wf, _mm512_loadu_ps(x + t * kp + col), acc[t]);
@@ -185,11 +176,12 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 }
 
 
-// Bitmask sparse int4 with int8 activations (W4A8), VNNI. A word's nibbles are ordered and
+// Bitmask sparse int4 with int8 activations (W4A8), VNNI. A word's nibbles are widened and
 // expanded as in gemv_sp_i4, as unsigned offset values (q + 8; dropped columns get 8, i.e. 0);
-// one vpdpbusd per token gives 16 int32 sums of 4 columns each, converted to fp32 and scaled
-// once per word (lanes 0-7 and 8-15 hold different groups when G == 32). The offset's share,
-// 8 * sum_g scale_g * (group sum of xq), is subtracted once per row and token (Acts::gsum).
+// vpdpbusd adds each token's products into 16 int32 lanes, exact over a whole group, which is
+// converted to fp32 and scaled at the group's end (per word when G == 32: lanes 0-7 and 8-15
+// hold different groups). The offset's share, 8 * sum_g scale_g * (group sum of xq), is
+// subtracted once per row and token (Acts::gsum).
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
@@ -201,24 +193,30 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
     const uint8_t* vals = V + w.row_off[r];
     const float* sc = w.scale + r * ng;
     const int8_t* xq = a.xq + t0 * kp;
-    int64_t p = 0;  // nibble index into this row's values
     __m512 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    __m512i dot[NT];
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm512_setzero_ps();
+      dot[t] = _mm512_setzero_si512();
+    }
     for (int64_t k = 0; k < kp; k += 64) {
-      prefetch_ahead(vals + (p >> 1));
+      prefetch_ahead(vals);
       uint64_t bits;
       std::memcpy(&bits, m + k / 8, 8);
       const __m512i u = _mm512_mask_expand_epi8(
-          eight, bits, _mm512_xor_si512(nibbles_in_order(vals, p), eight));
-      p += __builtin_popcountll(bits);
-      const __m512 s = G > 32 ? _mm512_set1_ps(sc[k >> gshift])
-                              : _mm512_castpd_ps(_mm512_insertf64x4(
-                                    _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
-                                    _mm256_castps_pd(_mm256_set1_ps(sc[k / 32 + 1])), 1));
-      for (int t = 0; t < NT; ++t) {
-        const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
-                                              _mm512_loadu_si512(xq + t * kp + k));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[t]);
+          eight, bits, _mm512_xor_si512(word_nibbles(vals), eight));
+      vals += (__builtin_popcountll(bits) + 1) / 2;
+      for (int t = 0; t < NT; ++t)
+        dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * kp + k));
+      if (((k + 64) & (G - 1)) == 0 || G == 32) {  // the group (or a pair of them) ends
+        const __m512 s = G > 32 ? _mm512_set1_ps(sc[k >> gshift])
+                                : _mm512_castpd_ps(_mm512_insertf64x4(
+                                      _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
+                                      _mm256_castps_pd(_mm256_set1_ps(sc[k / 32 + 1])), 1));
+        for (int t = 0; t < NT; ++t) {
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), s, acc[t]);
+          dot[t] = _mm512_setzero_si512();
+        }
       }
     }
     for (int t = 0; t < NT; ++t) {

@@ -5,7 +5,9 @@
 //   values  flat, row r's kept values in column order starting at row_off[r]
 // A GEMV walks one row's mask and values front to back, so the bytes read per token are exactly
 // the packed bytes (values + 1 bit per column). Values are fp32, int8 (+ per-row scale) or
-// signed int4 nibbles (+ per-group scale; row_off counts bytes, each row starts on a byte).
+// signed int4 nibbles (+ per-group scale; row_off counts bytes). The int4 nibbles of each
+// 64-column mask word start on a byte (a word with an odd count ends with an unused nibble), so
+// SIMD kernels widen a word's bytes without first shifting the stream by a nibble.
 //
 // 2:4 layout (S24_I8): every 4 columns keep (at most) 2 values, so a 64-column block holds
 // exactly 32 int8 values plus one uint64 of 2-bit in-group selectors. The order inside a block
@@ -80,12 +82,14 @@ static void gemv_sp_i4_rows(const Weight& w, const Acts& a, const X* xs, float* 
     float acc[NT] = {};
     for (int64_t g = 0; g < ng; ++g) {
       Dot dot[NT] = {};
-      for (int64_t b = g * w.group / 8; b < (g + 1) * w.group / 8; ++b)
+      for (int64_t b = g * w.group / 8; b < (g + 1) * w.group / 8; ++b) {
+        if (b % 8 == 0) p = (p + 1) & ~int64_t(1);  // a word starts on a byte
         for (uint32_t m = mrow[b]; m; m &= m - 1) {
           const Dot v = Dot(nibble_at(vals, p++));
           const int64_t col = 8 * b + __builtin_ctz(m);
           for (int t = 0; t < NT; ++t) dot[t] += v * Dot(xs[(t0 + t) * kp + col]);
         }
+      }
       for (int t = 0; t < NT; ++t) acc[t] += float(dot[t]) * w.scale[r * ng + g];
     }
     for (int t = 0; t < NT; ++t)
@@ -199,11 +203,13 @@ void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
           const uint8_t* vals = static_cast<const uint8_t*>(w.data) + w.row_off[r];
           const int64_t ng = kp / w.group;
           int64_t p = 0;
-          for (int64_t b = 0; b < kp / 8; ++b)
+          for (int64_t b = 0; b < kp / 8; ++b) {
+            if (b % 8 == 0) p = (p + 1) & ~int64_t(1);  // a word starts on a byte
             for (uint32_t m = mrow[b]; m; m &= m - 1) {
               const int64_t k = 8 * b + __builtin_ctz(m);
               o[k] = float(nibble_at(vals, p++)) * w.scale[r * ng + k / w.group];
             }
+          }
         }
         break;
       }

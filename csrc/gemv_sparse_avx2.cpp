@@ -166,6 +166,7 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
       __m256 ga[NT], gb[NT];
       for (int t = 0; t < NT; ++t) ga[t] = gb[t] = _mm256_setzero_ps();
       for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 2) {
+        if (c % 8 == 0) p = (p + 1) & ~int64_t(1);  // a 64-column word starts on a byte
         __m256 f[2];
         for (int j = 0; j < 2; ++j) {
           const uint32_t m = mrow[c + j];
@@ -203,6 +204,7 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       __m256i gi[NT];
       for (int t = 0; t < NT; ++t) gi[t] = _mm256_setzero_si256();
       for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 4) {
+        if (c % 8 == 0) p = (p + 1) & ~int64_t(1);  // a 64-column word starts on a byte
         __m128i e[4];
         for (int j = 0; j < 4; ++j) {
           const uint32_t m = mrow[c + j];

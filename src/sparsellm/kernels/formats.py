@@ -13,7 +13,8 @@ csrc/gemv_sparse.cpp):
                    scale (out, kp/G), zero uint8 (out, kp/G) if asym (else 8): w = (q - z) * s
   sparse_*         bitmask (out, kp/8) (bit j of byte b = column 8b+j, little bit order as
                    compressed-tensors), values = kept weights row by row, row_off (out+1,)
-                   fp32/int8 values; int4: signed nibbles, rows start on a byte, row_off in bytes
+                   fp32/int8 values; int4: signed nibbles, each 64-column word's starting on a
+                   byte, row_off in bytes
   2:4_int8[_a8]    data int8 (out, kp/2): 2 values per 4 columns, meta uint64 (out, kp/64)
 
 `_a8` formats quantize activations per token to int8 (dynamic, symmetric) and use integer dot
@@ -214,21 +215,22 @@ def _bitmask_layout(values: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarra
 
 
 def _nibble_stream_layout(q: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-    """Signed int4 kept values as nibbles; each row starts on a byte; row_off in bytes."""
-    nnz = mask.sum(axis=1)
-    row_bytes = (nnz + 1) // 2
-    row_off = np.zeros(mask.shape[0] + 1, dtype=np.int64)
-    np.cumsum(row_bytes, out=row_off[1:])
+    """Signed int4 kept values as nibbles, per 64-column mask word, each word's nibbles
+    starting on a byte (an odd count ends with an unused zero nibble); row_off in bytes."""
+    out, kp = mask.shape
+    cnt = mask.reshape(-1, 64).sum(axis=1)  # kept values per word, row-major
+    word_off = np.zeros(cnt.size + 1, dtype=np.int64)
+    np.cumsum((cnt + 1) // 2, out=word_off[1:])
     vals = (q[mask].astype(np.int16) & 15).astype(np.uint8)
-    rows = np.repeat(np.arange(mask.shape[0]), nnz)
-    first = np.concatenate([[0], np.cumsum(nnz)[:-1]])
-    rank = np.arange(vals.size) - first[rows]
-    nib = 2 * row_off[rows] + rank  # global nibble index
-    data = np.zeros(int(row_off[-1]) + _VALUE_PAD, dtype=np.uint8)
+    word = np.repeat(np.arange(cnt.size), cnt)
+    rank = np.arange(vals.size) - (np.cumsum(cnt) - cnt)[word]
+    nib = 2 * word_off[word] + rank  # global nibble index
+    data = np.zeros(int(word_off[-1]) + _VALUE_PAD, dtype=np.uint8)
     even = nib % 2 == 0
     data[nib[even] // 2] = vals[even]
     data[nib[~even] // 2] |= vals[~even] << 4
-    return {"data": data, "mask": np.packbits(mask, axis=1, bitorder="little"), "row_off": row_off}
+    return {"data": data, "mask": np.packbits(mask, axis=1, bitorder="little"),
+            "row_off": np.ascontiguousarray(word_off[:: kp // 64])}
 
 
 _SLOT_CHUNK = [0, 2, 1, 3]  # 2:4 block order, see csrc/gemv_sparse.cpp

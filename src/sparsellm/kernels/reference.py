@@ -24,14 +24,18 @@ def _unpack_bitmask(p: PackedWeight, values: np.ndarray) -> np.ndarray:
 
 
 def _unpack_nibble_stream(p: PackedWeight) -> np.ndarray:
+    """Each 64-column mask word's kept nibbles start on a byte; a row's first word at row_off."""
     mask = np.unpackbits(p.arrays["mask"], axis=1, bitorder="little").astype(bool)
-    data, row_off = p.arrays["data"], p.arrays["row_off"]
+    out, kp = mask.shape
+    cnt = mask.reshape(out, kp // 64, 64).sum(axis=2)
+    word_bytes = (cnt + 1) // 2
+    word_off = p.arrays["row_off"][:out, None] + np.cumsum(word_bytes, axis=1) - word_bytes
+    counts = cnt.reshape(-1)
+    rank = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    nib = 2 * np.repeat(word_off.reshape(-1), counts) + rank
+    q = (p.arrays["data"][nib // 2] >> (4 * (nib % 2))) & 15
     dense = np.zeros(mask.shape, dtype=np.int8)
-    for r in range(mask.shape[0]):
-        n = int(mask[r].sum())
-        b = data[row_off[r]: row_off[r] + (n + 1) // 2]
-        nib = np.stack([b & 15, b >> 4], axis=1).reshape(-1)[:n].astype(np.int8)
-        dense[r, mask[r]] = np.where(nib >= 8, nib - 16, nib)
+    dense[mask] = np.where(q >= 8, q.astype(np.int16) - 16, q).astype(np.int8)
     return dense
 
 
