@@ -32,7 +32,7 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
 }
 
 void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  gemv_float_rows<int8_t>(w, a, y, ldy, r0, r1, [](const int8_t* p) {
+  gemv_float_rows<int8_t, 4>(w, a, y, ldy, r0, r1, [](const int8_t* p) {
     const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
   }, [&w](int64_t r) { return w.scale[r]; });

@@ -39,32 +39,41 @@ inline __m256i dot_i8(__m256i acc, __m256i wabs, __m256i w, __m256i x) {
 }
 
 // Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):
-// y[t, r] = row_scale(r) * dot(W[r], x[t]), W stored as V, load8(p) widens 8 of them. 16
-// columns per step, two accumulators per token (enough to stream DRAM at T == 1), and each pair
-// of weight vectors is loaded / widened once for up to 5 tokens (10 accumulators + 2 weights + 1
-// temporary of the 16 ymm registers): a speculative verification of 4 drafted tokens + 1 is one
-// tile, and costs ~4 instructions per 16 columns per token instead of 12 with 4 accumulators
-// per token and 2-token tiles.
-template <typename V, typename Load8, typename RowScale>
+// y[t, r] = row_scale(r) * dot(W[r], x[t]), W stored as V, load8(p) widens 8 of them. A = 2
+// (the default): 16 columns per step, two accumulators per token (enough to stream DRAM at
+// T == 1), and each pair of weight vectors is loaded / widened once for up to 5 tokens (10
+// accumulators + 2 weights + 1 temporary of the 16 ymm registers): a speculative verification
+// of 4 drafted tokens + 1 is one tile, and costs ~4 instructions per 16 columns per token
+// instead of 12 with 4 accumulators per token and 2-token tiles. A = 4 (int8, whose bytes come
+// 4x faster than fp32's): 32 columns per step and 3-token tiles; with two accumulators a
+// token's FMA chains (4 cycles each) bounded int8 at T == 1 below the DRAM stream.
+template <typename V, int A = 2, typename Load8, typename RowScale>
 inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                             int64_t r1, Load8 load8, RowScale row_scale) {
+  static_assert(A == 2 || A == 4, "2 or 4 accumulators per token");
   const int64_t kp = w.kp;
-  for_rows_and_tiles<5>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+  for_rows_and_tiles<A == 2 ? 5 : 3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
     const V* row = static_cast<const V*>(w.data) + r * kp;
     const float* x = a.x + t0 * kp;
-    __m256 s[NT][2];
-    for (int t = 0; t < NT; ++t) s[t][0] = s[t][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < kp; k += 16) {
-      prefetch_ahead(row + k);
-      const __m256 w0 = load8(row + k), w1 = load8(row + k + 8);
-      for (int t = 0; t < NT; ++t) {
-        s[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * kp + k), s[t][0]);
-        s[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * kp + k + 8), s[t][1]);
-      }
+    __m256 s[NT][A];
+    for (int t = 0; t < NT; ++t)
+      for (int i = 0; i < A; ++i) s[t][i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kp; k += 8 * A) {
+      for (int64_t b = 0; b < 8 * A * int64_t(sizeof(V)); b += 64)
+        prefetch_ahead(reinterpret_cast<const char*>(row + k) + b);
+      __m256 wv[A];
+      for (int i = 0; i < A; ++i) wv[i] = load8(row + k + 8 * i);
+      for (int t = 0; t < NT; ++t)
+        for (int i = 0; i < A; ++i)
+          s[t][i] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + t * kp + k + 8 * i), s[t][i]);
     }
     const float sc = row_scale(r);
-    for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = hsum(_mm256_add_ps(s[t][0], s[t][1])) * sc;
+    for (int t = 0; t < NT; ++t) {
+      __m256 sum = _mm256_add_ps(s[t][0], s[t][1]);
+      if constexpr (A == 4) sum = _mm256_add_ps(sum, _mm256_add_ps(s[t][2], s[t][3]));
+      y[(t0 + t) * ldy + r] = hsum(sum) * sc;
+    }
   });
 }
 
