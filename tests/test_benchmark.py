@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from sparsellm.benchmark import (
     BenchmarkResult,
     SpeculativeResult,
     benchmark,
+    benchmark_compare,
     benchmark_speculative,
     compare_report,
 )
@@ -156,6 +158,7 @@ def test_cli_export_json(default_run, tiny_llama_dir):
     # documented: every linear weight as stored (fp32: 4 bytes each) is read once per step
     assert d["weight_bytes_per_step"] == 4 * linear_weight_count(tiny_llama_dir)
     assert d["peak_rss_mb"] >= d["rss_mb"]
+    assert d["round_throughputs"] == [d["throughput"]]  # one round without --compare
 
 
 def test_cli_batch_scenario_kv_cache_and_weights_options(default_run, tiny_llama_dir, tmp_path):
@@ -187,7 +190,8 @@ def test_cli_sync_batch_of_two(tiny_llama_dir, tmp_path):
 
 def test_cli_compare_prints_both_reports_and_ratios(tiny_llama_dir, tiny_model_dir, tmp_path):
     other = tiny_model_dir("llama_tied")
-    stdout, results = run_json(tmp_path, str(tiny_llama_dir), *FAST, "--compare", str(other))
+    stdout, results = run_json(tmp_path, str(tiny_llama_dir), *FAST, "--compare", str(other),
+                               "--rounds", "3")
     reports = parse_reports(stdout)
     assert [r["Original Model Path"] for r in reports] == [str(tiny_llama_dir), str(other)]
     assert [d["model"] for d in results] == [str(tiny_llama_dir), str(other)]
@@ -195,11 +199,19 @@ def test_cli_compare_prints_both_reports_and_ratios(tiny_llama_dir, tiny_model_d
         check_result_dict(d, batch_size=1, scenario="sync", kv_cache_dtype="fp32")
         check_report_matches(report, d)
     a, b = results
+    # 3 alternating rounds of 0.1 s each (at least one whole iteration), all recorded
+    assert len(a["round_throughputs"]) == len(b["round_throughputs"]) == 3
+    for d in results:
+        assert all(t > 0 for t in d["round_throughputs"])
+        assert d["seconds"] >= 0.3 * 0.99
+    rounds = [y / x for x, y in zip(a["round_throughputs"], b["round_throughputs"], strict=True)]
     tail = stdout.rstrip("\n").split("\n\n")[-1].splitlines()
     assert tail == [
         f"{other} vs {tiny_llama_dir} (same process, same settings):",
         f"  decode throughput {b['throughput']:.1f} vs {a['throughput']:.1f} tok/s: "
         f"{b['throughput'] / a['throughput']:.2f}x",
+        f"  decode ratio per round: median {statistics.median(rounds):.2f}x (min "
+        f"{min(rounds):.2f}x, max {max(rounds):.2f}x) over 3 interleaved rounds",
         f"  prefill {b['prefill_tokens_per_s']:.0f} vs {a['prefill_tokens_per_s']:.0f} tok/s: "
         f"{b['prefill_tokens_per_s'] / a['prefill_tokens_per_s']:.2f}x",
         f"  weights read per step {b['weight_bytes_per_step'] / 1e6:.1f} vs "
@@ -269,13 +281,13 @@ def test_missing_model_path_exits_2():
         "sparsellm benchmark: error: model path '/no/such/model' does not exist")
 
 
-def test_missing_compare_model_exits_2_after_first_report(tiny_llama_dir):
+def test_missing_compare_model_exits_2_before_measuring(tiny_llama_dir):
     r = sparsellm("benchmark", str(tiny_llama_dir), *FAST, "--compare", "/no/such/model2")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, r.stderr
     assert "model path '/no/such/model2' does not exist" in lines[0]
-    assert [rep["Original Model Path"] for rep in parse_reports(r.stdout)] == [str(tiny_llama_dir)]
+    assert r.stdout == ""  # both models load before either is measured
 
 
 @pytest.mark.parametrize("args,message", [
@@ -334,6 +346,26 @@ def test_benchmark_api_batch_and_num_cores(tiny_llama_dir):
 def test_benchmark_api_rejects_bad_settings(kwargs, message, tiny_llama_dir):
     with pytest.raises(ValueError, match=message):
         benchmark(tiny_llama_dir, **{**API_FAST, **kwargs})
+
+
+def test_benchmark_compare_api_interleaves_rounds(tiny_llama_dir):
+    a, b = benchmark_compare(tiny_llama_dir, tiny_llama_dir, rounds=4, batch_size=2,
+                             kv_cache_dtype="fp16", **API_FAST)
+    for r in (a, b):
+        check_result_dict(r.to_dict(), batch_size=2, scenario="sync", kv_cache_dtype="fp16")
+        assert len(r.round_throughputs) == 4 and all(t > 0 for t in r.round_throughputs)
+        assert r.seconds >= API_FAST["time_limit"]  # 4 rounds of time_limit / 4
+    assert "over 4 interleaved rounds" in compare_report(a, b)
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(rounds=0), ValueError, "rounds must be >= 1, got 0"),
+    (dict(scenario="bogus"), ValueError, "unknown scenario 'bogus'"),
+    (dict(bogus=1), TypeError, "bogus"),
+])
+def test_benchmark_compare_api_rejects_bad_settings(kwargs, error, message, tiny_llama_dir):
+    with pytest.raises(error, match=message):
+        benchmark_compare(tiny_llama_dir, tiny_llama_dir, **{**API_FAST, **kwargs})
 
 
 def test_benchmark_speculative_api_self_draft(tiny_llama_dir):

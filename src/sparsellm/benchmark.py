@@ -49,6 +49,8 @@ class BenchmarkResult:
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
     kv_cache_dtype: str = "fp32"
+    # decode tok/s of each measured round (one round unless interleaved with --compare)
+    round_throughputs: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,60 +101,125 @@ def benchmark(
     async: `batch_size` concurrent streams; a finished stream is replaced at once (continuous
     batching), so the batch stays full.
     """
-    if scenario not in SCENARIOS:
-        raise ValueError(f"unknown scenario {scenario!r}; accepted: {', '.join(SCENARIOS)}")
-    _check_settings(batch_size=batch_size, input_ids_length=input_ids_length,
-                    generated_tokens=generated_tokens)
+    _check_times(time_limit, warmup_time)
+    session = _Session(model, batch_size, scenario, input_ids_length, generated_tokens,
+                       sequence_length, num_cores, weights, kv_cache_dtype)
+    session.run(warmup_time, progress=False, record=False)
+    session.run(time_limit, progress=progress)
+    return session.close()
+
+
+def benchmark_compare(
+    model: str | Path,
+    model2: str | Path,
+    time_limit: float = 10.0,
+    warmup_time: float = 2.0,
+    rounds: int = 5,
+    progress: bool | None = None,
+    **settings: Any,
+) -> tuple[BenchmarkResult, BenchmarkResult]:
+    """`benchmark` of two models loaded in one process, measured in `rounds` alternating
+    rounds of `time_limit / rounds` seconds each (the first model first in even rounds), so a
+    machine whose speed drifts affects both alike. `settings`: those of `benchmark`.
+    Each result's `round_throughputs` pairs up round by round (see `compare_report`)."""
+    _check_settings(rounds=rounds)
+    _check_times(time_limit, warmup_time)
+    sessions = [_Session(m, **settings) for m in (model, model2)]
+    for session in sessions:
+        session.run(warmup_time, progress=False, record=False)
+    bar = _progress_bar(2 * time_limit, progress)
+    for r in range(rounds):
+        for session in (sessions if r % 2 == 0 else sessions[::-1]):
+            session.run(time_limit / rounds, progress=False)
+            if bar is not None:
+                bar.n = min(round(sum(s.stats["seconds"] for s in sessions), 1), bar.total)
+                bar.refresh()
+    if bar is not None:
+        bar.close()
+    return sessions[0].close(), sessions[1].close()
+
+
+def _check_times(time_limit: float, warmup_time: float) -> None:
     if not time_limit > 0 or not warmup_time >= 0:
         raise ValueError(f"time must be > 0 and warmup_time >= 0 seconds, got {time_limit} and "
                          f"{warmup_time}")
-    if sequence_length is None:
-        sequence_length = input_ids_length + generated_tokens
-    if input_ids_length + generated_tokens > sequence_length:
-        raise ValueError(f"input_ids_length + generated_tokens ({input_ids_length} + "
-                         f"{generated_tokens}) exceeds sequence_length ({sequence_length})")
-    checkpoint = load_checkpoint(model)
-    engine = Engine(checkpoint, sequence_length=sequence_length, max_sequences=batch_size,
-                    num_cores=num_cores, weights=weights, kv_cache_dtype=kv_cache_dtype)
-    prompts = _prompts(checkpoint.tokenizer, batch_size, input_ids_length)
-    config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
-    generator = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids)
 
-    _run(generator, prompts, config, scenario, warmup_time, progress=False)
-    stats = _run(generator, prompts, config, scenario, time_limit, progress=progress)
-    steps = np.array(stats["decode_step_s"]) if stats["decode_step_s"] else np.array([np.nan])
-    per_token = steps * 1000.0
-    bytes_per_step = engine.weight_bytes_per_step
-    rss_mb = _rss_mb()
-    result = BenchmarkResult(
-        model=str(model),
-        weights=weights or engine.weights_description,
-        batch_size=batch_size,
-        scenario=scenario,
-        num_cores=engine.num_threads,
-        input_ids_length=input_ids_length,
-        generated_tokens=generated_tokens,
-        sequence_length=sequence_length,
-        kv_cache_dtype=kv_cache_dtype,
-        throughput=stats["decode_tokens"] / max(stats["decode_s"], 1e-9),
-        latency_mean_ms=float(np.mean(per_token)),
-        latency_median_ms=float(np.median(per_token)),
-        latency_p90_ms=float(np.percentile(per_token, 90)),
-        prefill_tokens_per_s=stats["prefill_tokens"] / max(stats["prefill_s"], 1e-9),
-        time_to_first_token_ms=1000.0 * float(np.mean(stats["ttft_s"])),
-        weight_bytes_per_step=bytes_per_step,
-        bandwidth_gbs=bytes_per_step / float(np.mean(steps)) / 1e9,
-        rss_mb=rss_mb,
-        # ru_maxrss can trail /proc/self/statm by a few pages: the peak is at least the current.
-        peak_rss_mb=max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, rss_mb),
-        iterations=stats["iterations"],
-        seconds=stats["seconds"],
-        extra={"End-to-end (generated tokens/sec)":
-               f"{stats['generated_tokens'] / max(stats['seconds'], 1e-9):.2f}"},
-    )
-    del generator, engine, checkpoint
-    gc.collect()
-    return result
+
+class _Session:
+    """One model set up for benchmarking; `run` measures for a while and adds to `stats`."""
+
+    def __init__(self, model: str | Path, batch_size: int = 1, scenario: str = "sync",
+                 input_ids_length: int = 32, generated_tokens: int = 128,
+                 sequence_length: int | None = None, num_cores: int | None = None,
+                 weights: str | None = None, kv_cache_dtype: str = "fp32"):
+        if scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; accepted: {', '.join(SCENARIOS)}")
+        _check_settings(batch_size=batch_size, input_ids_length=input_ids_length,
+                        generated_tokens=generated_tokens)
+        if sequence_length is None:
+            sequence_length = input_ids_length + generated_tokens
+        if input_ids_length + generated_tokens > sequence_length:
+            raise ValueError(f"input_ids_length + generated_tokens ({input_ids_length} + "
+                             f"{generated_tokens}) exceeds sequence_length ({sequence_length})")
+        self.model, self.weights, self.scenario = model, weights, scenario
+        self.input_ids_length, self.sequence_length = input_ids_length, sequence_length
+        checkpoint = load_checkpoint(model)
+        self.engine = Engine(checkpoint, sequence_length=sequence_length,
+                             max_sequences=batch_size, num_cores=num_cores, weights=weights,
+                             kv_cache_dtype=kv_cache_dtype)
+        self.prompts = _prompts(checkpoint.tokenizer, batch_size, input_ids_length)
+        self.config = GenerationConfig(max_generated_tokens=generated_tokens,
+                                       force_max_tokens=True)
+        self.generator = BatchGenerator(self.engine, checkpoint.tokenizer,
+                                        checkpoint.eos_token_ids)
+        self.stats = _new_stats()
+        self.rounds: list[float] = []
+
+    def run(self, seconds: float, progress: bool | None, record: bool = True) -> None:
+        stats = _run(self.generator, self.prompts, self.config, self.scenario, seconds, progress)
+        if record:
+            for k, v in stats.items():
+                self.stats[k] += v
+            self.rounds.append(stats["decode_tokens"] / max(stats["decode_s"], 1e-9))
+
+    def close(self) -> BenchmarkResult:
+        """The result of every recorded run; frees the model."""
+        stats, engine = self.stats, self.engine
+        steps = np.array(stats["decode_step_s"]) if stats["decode_step_s"] else np.array([np.nan])
+        per_token = steps * 1000.0
+        bytes_per_step = engine.weight_bytes_per_step
+        rss_mb = _rss_mb()
+        result = BenchmarkResult(
+            model=str(self.model),
+            weights=self.weights or engine.weights_description,
+            batch_size=engine.max_sequences,
+            scenario=self.scenario,
+            num_cores=engine.num_threads,
+            input_ids_length=self.input_ids_length,
+            generated_tokens=self.config.max_generated_tokens,
+            sequence_length=self.sequence_length,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            throughput=stats["decode_tokens"] / max(stats["decode_s"], 1e-9),
+            latency_mean_ms=float(np.mean(per_token)),
+            latency_median_ms=float(np.median(per_token)),
+            latency_p90_ms=float(np.percentile(per_token, 90)),
+            prefill_tokens_per_s=stats["prefill_tokens"] / max(stats["prefill_s"], 1e-9),
+            time_to_first_token_ms=1000.0 * float(np.mean(stats["ttft_s"])),
+            weight_bytes_per_step=bytes_per_step,
+            bandwidth_gbs=bytes_per_step / float(np.mean(steps)) / 1e9,
+            rss_mb=rss_mb,
+            # ru_maxrss can trail /proc/self/statm by a few pages: the peak is at least the
+            # current.
+            peak_rss_mb=max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, rss_mb),
+            iterations=stats["iterations"],
+            seconds=stats["seconds"],
+            extra={"End-to-end (generated tokens/sec)":
+                   f"{stats['generated_tokens'] / max(stats['seconds'], 1e-9):.2f}"},
+            round_throughputs=self.rounds,
+        )
+        self.generator = self.engine = None  # type: ignore[assignment]
+        gc.collect()
+        return result
 
 
 def _prompts(tokenizer: Any, n: int, length: int) -> list[list[int]]:
@@ -168,8 +235,7 @@ def _prompts(tokenizer: Any, n: int, length: int) -> list[list[int]]:
 def _run(generator: BatchGenerator, prompts: list[list[int]], config: GenerationConfig,
          scenario: str, seconds: float, progress: bool | None) -> dict[str, Any]:
     """Generate until `seconds` pass (finishing the iteration in flight); time each phase."""
-    stats: dict[str, Any] = dict(decode_step_s=[], decode_s=0.0, decode_tokens=0, prefill_s=0.0,
-                                 prefill_tokens=0, ttft_s=[], iterations=0, generated_tokens=0)
+    stats = _new_stats()
     bar = _progress_bar(seconds, progress)
     start = time.perf_counter()
     next_prompt = 0
@@ -218,6 +284,11 @@ def _run(generator: BatchGenerator, prompts: list[list[int]], config: Generation
         bar.close()
     stats["seconds"] = elapsed()
     return stats
+
+
+def _new_stats() -> dict[str, Any]:
+    return dict(decode_step_s=[], decode_s=0.0, decode_tokens=0, prefill_s=0.0, prefill_tokens=0,
+                ttft_s=[], iterations=0, generated_tokens=0, seconds=0.0)
 
 
 def _progress_bar(total: float, progress: bool | None) -> Any:
@@ -332,10 +403,18 @@ def compare_report(a: BenchmarkResult, b: BenchmarkResult) -> str:
     def ratio(x: float, y: float) -> str:
         return f"{x / y:.2f}x" if y else "n/a"
 
-    return "\n".join([
+    lines = [
         f"{b.model} vs {a.model} (same process, same settings):",
         f"  decode throughput {b.throughput:.1f} vs {a.throughput:.1f} tok/s: "
         f"{ratio(b.throughput, a.throughput)}",
+    ]
+    rounds = [y / x for x, y in zip(a.round_throughputs, b.round_throughputs, strict=False)
+              if x > 0]
+    if len(rounds) > 1:
+        lines.append(f"  decode ratio per round: median {np.median(rounds):.2f}x (min "
+                     f"{min(rounds):.2f}x, max {max(rounds):.2f}x) over {len(rounds)} "
+                     "interleaved rounds")
+    return "\n".join(lines + [
         f"  prefill {b.prefill_tokens_per_s:.0f} vs {a.prefill_tokens_per_s:.0f} tok/s: "
         f"{ratio(b.prefill_tokens_per_s, a.prefill_tokens_per_s)}",
         f"  weights read per step {b.weight_bytes_per_step / 1e6:.1f} vs "

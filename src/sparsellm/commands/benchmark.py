@@ -23,7 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16"], default="fp32",
                    help="KV-cache storage (fp16: half the bytes attention reads)")
     p.add_argument("--compare", default=None, metavar="MODEL2",
-                   help="benchmark a second model in the same process and print the ratio")
+                   help="benchmark a second model in the same process, in alternating rounds, "
+                        "and print the ratio")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="with --compare: alternating rounds of --time / rounds seconds each")
     p.add_argument("--draft-model", default=None, metavar="DRAFT",
                    help="compare autoregressive vs speculative decoding with this draft model")
     p.add_argument("--num-speculative-tokens", type=int, default=4)
@@ -38,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from ..atomic import write_json_atomic
-    from ..benchmark import benchmark, benchmark_speculative, compare_report
+    from ..benchmark import benchmark, benchmark_compare, benchmark_speculative, compare_report
 
     if args.draft_model:
         spec = benchmark_speculative(
@@ -57,14 +60,17 @@ def main(args: argparse.Namespace) -> int:
                     sequence_length=args.sequence_length, time_limit=args.time,
                     warmup_time=args.warmup_time, num_cores=args.num_cores,
                     kv_cache_dtype=args.kv_cache_dtype)
-    results = [benchmark(args.model, weights=args.weights, **settings)]
-    print(results[0].report(), flush=True)
     if args.compare:
-        results.append(benchmark(args.compare, weights=args.weights, **settings))
+        results = list(benchmark_compare(args.model, args.compare, rounds=args.rounds,
+                                         weights=args.weights, **settings))
+        print(results[0].report())
         print()
         print(results[1].report())
         print()
         print(compare_report(results[0], results[1]))
+    else:
+        results = [benchmark(args.model, weights=args.weights, **settings)]
+        print(results[0].report())
     if args.export_json:
         write_json_atomic(args.export_json, [r.to_dict() for r in results])
     return 0
