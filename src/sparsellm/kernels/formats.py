@@ -13,8 +13,8 @@ csrc/gemv_sparse.cpp):
                    scale (out, kp/G), zero uint8 (out, kp/G) if asym (else 8): w = (q - z) * s
   sparse_*         bitmask (out, kp/8) (bit j of byte b = column 8b+j, little bit order as
                    compressed-tensors), values = kept weights row by row, row_off (out+1,)
-                   fp32/int8 values; int4: signed nibbles, each 64-column word's starting on a
-                   byte, row_off in bytes
+                   fp32/int8 values; int4: signed nibbles, those of each 64-column mask word
+                   starting on a byte, row_off in bytes
   2:4_int8[_a8]    data int8 (out, kp/2): 2 values per 4 columns, meta uint64 (out, kp/64)
 
 `_a8` formats quantize activations per token to int8 (dynamic, symmetric) and use integer dot
