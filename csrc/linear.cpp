@@ -52,14 +52,15 @@ static GemvFn pick_gemv(const Weight& w, int64_t T) {
 // integer GEMV beats the fp32 GEMM at every T (T = 64: int8_a8 0.63 with AVX-512 VNNI, 0.81
 // with AVX2; sparse_int8_a8 0.36 / 0.73; T = 128: 0.69, 0.43, 2:4 0.99), so they never leave
 // it: W8A8 prefill, batches and verification are all int32-exact, bitwise equal to decode.
-// int4_g32_a8 matches the GEMM at T = 32 (1.09) and loses above (1.19 at 64).
+// int4_g32_a8 matches the GEMM at T = 32 (1.09) and loses above (1.19 at 64). Bitmask int4 with
+// int8 activations stays on the GEMV too: decoding its panels makes the GEMM slower still (2
+// threads: 0.32 at T = 32, 0.44 at 64, 0.70 at 128).
 constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32;
 static int64_t g_gemv_max_tokens = 0;  // 0: the per-format defaults above
 int64_t gemv_max_tokens(const Weight& w) {
   if (g_gemv_max_tokens > 0) return g_gemv_max_tokens;
   if (!w.act_int8) return kGemvMaxTokensF32;
-  return w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4 ? kGemvMaxTokensI4A8
-                                                 : std::numeric_limits<int64_t>::max();
+  return w.fmt == Fmt::I4 ? kGemvMaxTokensI4A8 : std::numeric_limits<int64_t>::max();
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
