@@ -64,6 +64,12 @@ struct Weight {
 // 16-column chunk kSlotChunk[s] (see gemv_sparse.cpp; the AVX2 kernel gathers x by it).
 constexpr int kSlotChunk[4] = {0, 2, 1, 3};
 
+// Bitmask int4 (SP_I4): the nibbles of each 64-column mask word start on a byte, so a walk
+// over a row's nibble stream rounds its index p up to even at every word, and a word of n
+// values takes sp_i4_word_bytes(n) bytes.
+inline int64_t sp_i4_word_start(int64_t p) { return (p + 1) & ~int64_t(1); }
+inline int64_t sp_i4_word_bytes(int n) { return (n + 1) / 2; }
+
 // Int4 layout: a row is kp/32 blocks of 16 bytes; byte j of a block holds value j in its low
 // nibble and value j+16 in its high nibble (llama.cpp Q4_0 order), so one AVX2 and/shift turns
 // a block into 32 bytes in column order. Stored q is unsigned 0..15; w = (q - z) * s with z = 8

@@ -161,7 +161,7 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
       uint64_t bits;
       std::memcpy(&bits, m + k / 8, 8);
       const __m512i e = _mm512_maskz_expand_epi8(bits, word_nibbles(vals));
-      vals += (__builtin_popcountll(bits) + 1) / 2;
+      vals += sp_i4_word_bytes(__builtin_popcountll(bits));
       for (int c = 0; c < 4; ++c) {
         const int64_t col = k + 16 * c;
         if ((col & (G - 1)) == 0) table = _mm512_mul_ps(signed_nibble, _mm512_set1_ps(sc[col / G]));
@@ -205,7 +205,7 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       std::memcpy(&bits, m + k / 8, 8);
       const __m512i u = _mm512_mask_expand_epi8(
           eight, bits, _mm512_xor_si512(word_nibbles(vals), eight));
-      vals += (__builtin_popcountll(bits) + 1) / 2;
+      vals += sp_i4_word_bytes(__builtin_popcountll(bits));
       for (int t = 0; t < NT; ++t)
         dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * kp + k));
       if (((k + 64) & (G - 1)) == 0 || G == 32) {  // the group (or a pair of them) ends

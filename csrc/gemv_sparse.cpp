@@ -83,7 +83,7 @@ static void gemv_sp_i4_rows(const Weight& w, const Acts& a, const X* xs, float* 
     for (int64_t g = 0; g < ng; ++g) {
       Dot dot[NT] = {};
       for (int64_t b = g * w.group / 8; b < (g + 1) * w.group / 8; ++b) {
-        if (b % 8 == 0) p = (p + 1) & ~int64_t(1);  // a word starts on a byte
+        if (b % 8 == 0) p = sp_i4_word_start(p);
         for (uint32_t m = mrow[b]; m; m &= m - 1) {
           const Dot v = Dot(nibble_at(vals, p++));
           const int64_t col = 8 * b + __builtin_ctz(m);
@@ -204,7 +204,7 @@ void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
           const int64_t ng = kp / w.group;
           int64_t p = 0;
           for (int64_t b = 0; b < kp / 8; ++b) {
-            if (b % 8 == 0) p = (p + 1) & ~int64_t(1);  // a word starts on a byte
+            if (b % 8 == 0) p = sp_i4_word_start(p);
             for (uint32_t m = mrow[b]; m; m &= m - 1) {
               const int64_t k = 8 * b + __builtin_ctz(m);
               o[k] = float(nibble_at(vals, p++)) * w.scale[r * ng + k / w.group];

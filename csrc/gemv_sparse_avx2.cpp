@@ -66,6 +66,19 @@ inline __m128i expand8_nibbles(const uint8_t* vals, int64_t p, uint32_t m) {
   return _mm_shuffle_epi8(sv, shuf_ctrl8(m, uint32_t(p & 1)));
 }
 
+// The columns of mask bytes c .. c + N - 1 (N divides 8, c a multiple of N) as signed bytes,
+// e[j] from mask byte c + j; p (the row's nibble index) moves past them.
+template <int N>
+inline void expand_nibble_chunks(const uint8_t* vals, const uint8_t* mrow, int64_t c,
+                                 int64_t& p, __m128i* e) {
+  if (c % 8 == 0) p = sp_i4_word_start(p);
+  for (int j = 0; j < N; ++j) {
+    const uint32_t m = mrow[c + j];
+    e[j] = expand8_nibbles(vals, p, m);
+    p += __builtin_popcount(m);
+  }
+}
+
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
   __builtin_memcpy(&v, p, 4);
@@ -166,13 +179,10 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
       __m256 ga[NT], gb[NT];
       for (int t = 0; t < NT; ++t) ga[t] = gb[t] = _mm256_setzero_ps();
       for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 2) {
-        if (c % 8 == 0) p = (p + 1) & ~int64_t(1);  // a 64-column word starts on a byte
+        __m128i e[2];
+        expand_nibble_chunks<2>(vals, mrow, c, p, e);
         __m256 f[2];
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t m = mrow[c + j];
-          f[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(expand8_nibbles(vals, p, m)));
-          p += __builtin_popcount(m);
-        }
+        for (int j = 0; j < 2; ++j) f[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e[j]));
         for (int t = 0; t < NT; ++t) {
           const float* x = a.x + (t0 + t) * kp + 8 * c;
           ga[t] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(x), ga[t]);
@@ -204,13 +214,8 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       __m256i gi[NT];
       for (int t = 0; t < NT; ++t) gi[t] = _mm256_setzero_si256();
       for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 4) {
-        if (c % 8 == 0) p = (p + 1) & ~int64_t(1);  // a 64-column word starts on a byte
         __m128i e[4];
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t m = mrow[c + j];
-          e[j] = expand8_nibbles(vals, p, m);
-          p += __builtin_popcount(m);
-        }
+        expand_nibble_chunks<4>(vals, mrow, c, p, e);
         const __m256i wv = _mm256_set_m128i(_mm_unpacklo_epi64(e[2], e[3]),
                                             _mm_unpacklo_epi64(e[0], e[1]));
         const __m256i wa = _mm256_sign_epi8(wv, wv);

@@ -40,7 +40,7 @@ inline void run_tile(int64_t n, Row& row, int64_t ra, int64_t rz, int64_t t0) {
 // covers the DRAM latency, and the hardware prefetcher alone did not keep up: fp32 with 4
 // tokens took 1.4-1.6x the time of 1 token, W8A8 (VNNI) with 8 tokens 1.7-2.4x; with this,
 // 1.0x and 1.5-1.7x (96 matrices of SmolLM2 shapes, 2 threads). Neutral at T == 1; 2 KB ahead
-// was too short, 8 and 16 KB did the same. The int4 and AVX2 sparse kernels are compute-bound
+// was too short, 8 and 16 KB did the same. The AVX2 int4 and sparse kernels are compute-bound
 // and gained nothing.
 constexpr int64_t kPrefetchAhead = 8192;
 
