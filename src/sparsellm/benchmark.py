@@ -102,8 +102,10 @@ def benchmark(
     batching), so the batch stays full.
     """
     _check_times(time_limit, warmup_time)
-    session = _Session(model, batch_size, scenario, input_ids_length, generated_tokens,
-                       sequence_length, num_cores, weights, kv_cache_dtype)
+    session = _Session(model, batch_size=batch_size, scenario=scenario,
+                       input_ids_length=input_ids_length, generated_tokens=generated_tokens,
+                       sequence_length=sequence_length, num_cores=num_cores, weights=weights,
+                       kv_cache_dtype=kv_cache_dtype)
     session.run(warmup_time, progress=False, record=False)
     session.run(time_limit, progress=progress)
     return session.close()
