@@ -69,6 +69,9 @@ constexpr int kSlotChunk[4] = {0, 2, 1, 3};
 // values takes sp_i4_word_bytes(n) bytes.
 inline int64_t sp_i4_word_start(int64_t p) { return (p + 1) & ~int64_t(1); }
 inline int64_t sp_i4_word_bytes(int n) { return (n + 1) / 2; }
+// End of a bitmask row's last mask word holding real columns. Padding kp to a group of 128 adds
+// a whole empty word to 576-column rows (10 words for 9): the sparse int4 kernels stop here.
+inline int64_t words_end(const Weight& w) { return (w.cols + 63) & ~int64_t(63); }
 
 // Int4 layout: a row is kp/32 blocks of 16 bytes; byte j of a block holds value j in its low
 // nibble and value j+16 in its high nibble (llama.cpp Q4_0 order), so one AVX2 and/shift turns

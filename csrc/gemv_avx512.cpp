@@ -145,7 +145,7 @@ inline __m512i word_nibbles(const uint8_t* bytes) {
 // bytes past a row's last value (the values end with 64 bytes of padding).
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
-  const int64_t kp = w.kp, G = w.group, ng = kp / G;
+  const int64_t kp = w.kp, kw = words_end(w), G = w.group, ng = kp / G;
   for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
     const __m512 signed_nibble =  // value of each nibble 0..15 as a two's complement int4
@@ -157,7 +157,7 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
     __m512 table = _mm512_setzero_ps();
     __m512 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < kp; k += 64) {
+    for (int64_t k = 0; k < kw; k += 64) {
       uint64_t bits;
       std::memcpy(&bits, m + k / 8, 8);
       const __m512i e = _mm512_maskz_expand_epi8(bits, word_nibbles(vals));
@@ -185,7 +185,8 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
-  const int64_t kp = w.kp, G = w.group, ng = kp / G, gshift = __builtin_ctzll(uint64_t(G));
+  const int64_t kp = w.kp, kw = words_end(w), G = w.group, ng = kp / G,
+                gshift = __builtin_ctzll(uint64_t(G));
   for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
     const __m512i eight = _mm512_set1_epi8(8);
@@ -199,7 +200,7 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       acc[t] = _mm512_setzero_ps();
       dot[t] = _mm512_setzero_si512();
     }
-    for (int64_t k = 0; k < kp; k += 64) {
+    for (int64_t k = 0; k < kw; k += 64) {
       prefetch_ahead(vals);
       uint64_t bits;
       std::memcpy(&bits, m + k / 8, 8);
@@ -208,7 +209,7 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       vals += sp_i4_word_bytes(__builtin_popcountll(bits));
       for (int t = 0; t < NT; ++t)
         dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * kp + k));
-      if (((k + 64) & (G - 1)) == 0 || G == 32) {  // the group (or a pair of them) ends
+      if (((k + 64) & (G - 1)) == 0 || G == 32 || k + 64 == kw) {  // a group (or two) ends
         const __m512 s = G > 32 ? _mm512_set1_ps(sc[k >> gshift])
                                 : _mm512_castpd_ps(_mm512_insertf64x4(
                                       _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
