@@ -22,6 +22,7 @@ from ..models.rope import rope_inv_freq
 from . import reference
 from ._ext import native
 from .formats import PackedWeight, pack
+from .memory import gather
 
 # C++ layer-dict key -> canonical name suffix inside "model.layers.{i}."
 _LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
@@ -71,6 +72,8 @@ class NativeDecoderModel:
                 continue
             w = embed if name == "lm_head.weight" and name not in tensors else tensors[name]
             self.packed[name] = pack(w, formats.get(name, "fp32"), masks.get(name))
+
+        gather(self.packed[name] for name in names)
 
         def vec(name: str) -> np.ndarray | None:
             t = tensors.get(name)
