@@ -12,15 +12,15 @@ def test_gather_keeps_contents_and_results_and_packs_buffers_in_order():
     fmts = ["sparse_int4_g32_a8", "int8_a8", "fp32"]
     ws = [pack(rng.standard_normal(s).astype(np.float32), f,
                rng.random(s) < 0.5 if f.startswith("sparse") else None)
-          for s, f in zip(shapes, fmts)]
+          for s, f in zip(shapes, fmts, strict=True)]
     xs = [rng.standard_normal((3, s[1])).astype(np.float32) for s in shapes]
-    before = [linear(x, w) for x, w in zip(xs, ws)]  # builds the native descriptors
+    before = [linear(x, w) for x, w in zip(xs, ws, strict=True)]  # builds the native descriptors
     copies = [{k: a.copy() for k, a in w.arrays.items()} for w in ws]
 
     gather(ws)
 
     starts = []
-    for w, old in zip(ws, copies):
+    for w, old in zip(ws, copies, strict=True):
         assert w.arrays.keys() == old.keys()
         for key, a in w.arrays.items():
             np.testing.assert_array_equal(a, old[key])
@@ -30,7 +30,8 @@ def test_gather_keeps_contents_and_results_and_packs_buffers_in_order():
     assert starts == sorted(starts)  # the order the weights (and their buffers) were given
     assert starts[-1] - starts[0] < sum(a.nbytes + 64 for c in copies for a in c.values())
     assert starts[0] % (2 << 20) == 0  # the block starts on a huge page
-    for x, w, y in zip(xs, ws, before):  # the descriptors were rebuilt over the new buffers
+    # the native descriptors were rebuilt over the new buffers
+    for x, w, y in zip(xs, ws, before, strict=True):
         np.testing.assert_array_equal(linear(x, w), y)
 
 

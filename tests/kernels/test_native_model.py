@@ -155,6 +155,31 @@ def test_mixed_formats_biases_tied_head_and_chunking(isa):
         np.testing.assert_allclose(g, w, atol=2e-4 * np.abs(w).max(), rtol=0)
 
 
+def test_packed_weights_share_one_block_except_fp32_ones_used_in_place():
+    rng = np.random.default_rng(4)
+    args, tensors = tiny_model(rng, tie_word_embeddings=True)
+    names = linear_weight_names(args)
+    formats = dict(zip(names[:-1], ["int8_a8", "fp32", "sparse_int4_g32"] * 5, strict=False))
+    masks = {n: tensors[n] != 0 for n in names if formats.get(n, "").startswith("sparse")}
+    native = NativeDecoderModel(args, tensors, formats, masks=masks)
+
+    def bottom(a):  # the buffer at the bottom of a view chain
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a if a.base is None else a.base
+
+    in_place, blocks = [], set()
+    for n in names:
+        p = native.packed[n]
+        source = tensors.get(n, tensors["model.embed_tokens.weight"])
+        if np.shares_memory(p.arrays["data"], source):  # fp32, no padding: a copy would double it
+            in_place.append(n)
+        else:
+            blocks |= {id(bottom(a)) for a in p.arrays.values()}
+    assert len(blocks) == 1
+    assert in_place and all(formats.get(n, "fp32") == "fp32" for n in in_place)
+
+
 @pytest.mark.parametrize("fmt", ["fp32", "int8_a8", "sparse_int8", "int4_g32"])
 @pytest.mark.parametrize("spec", [s for s in SPECS if s != "llama"])
 def test_every_decoder_spec_matches_numpy_model(isa, spec, fmt):

@@ -66,14 +66,18 @@ class NativeDecoderModel:
                              f"linear weights are e.g. {names[0]!r}, 'lm_head.weight'")
         embed = np.ascontiguousarray(tensors["model.embed_tokens.weight"], dtype=np.float32)
         self.packed: dict[str, PackedWeight] = {}
+        in_place = set()  # fp32 weights packed as the caller's arrays themselves
         for name in names:
             if name in packed:
                 self.packed[name] = packed[name]
                 continue
             w = embed if name == "lm_head.weight" and name not in tensors else tensors[name]
             self.packed[name] = pack(w, formats.get(name, "fp32"), masks.get(name))
-
-        gather(self.packed[name] for name in names)
+            if np.may_share_memory(self.packed[name].arrays["data"], w):
+                in_place.add(name)
+        # Into one huge-page block, except what the caller's tensors still hold (a copy would
+        # double it).
+        gather(self.packed[name] for name in names if name not in in_place)
 
         def vec(name: str) -> np.ndarray | None:
             t = tensors.get(name)
