@@ -115,6 +115,16 @@ def test_gguf_logits_match_transformers_gguf_loader(qtype, tiny_gguf, token_ids)
         assert np.abs(ours - original).max() > TOL
 
 
+def test_gguf_tensors_are_dequantized_at_access_not_kept(tiny_gguf):
+    """Like safetensors: converting on load (weights="int8_a8") must not leave an fp32 copy of
+    every weight behind in the checkpoint."""
+    ck = load_checkpoint(tiny_gguf("Q8_0")[0])
+    name = "model.layers.0.self_attn.q_proj.weight"  # un-permuted at access too
+    a, b = ck.tensors[name], ck.tensors[name]
+    assert a is not b and not np.shares_memory(a, b)
+    np.testing.assert_array_equal(a, b)
+
+
 def test_folder_with_single_gguf_loads_it(tiny_gguf):
     path, _ = tiny_gguf("F32")
     assert load_checkpoint(path.parent).path == path

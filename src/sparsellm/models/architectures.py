@@ -6,7 +6,7 @@ mapping and its load-time tensor conversion (HF, and GGUF where llama.cpp define
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,11 +21,13 @@ Tensors = dict[str, np.ndarray]
 @dataclass(frozen=True)
 class GGUFSpec:
     """How llama.cpp stores an architecture: metadata -> config.json keys, tensor names ->
-    canonical (or fused intermediate) names, then layout transforms."""
+    canonical (or fused intermediate) names, then layout transforms. `lazy`: convert works
+    tensor by tensor on a LazyTensors (else it gets a dict, e.g. to split fused tensors)."""
 
     config: Callable[[str, Callable[..., Any]], dict[str, Any]]
     tensor_names: dict[str, str]
-    convert: Callable[[Tensors, ModelArgs, str], Tensors]
+    convert: Callable[[Mapping[str, np.ndarray], ModelArgs, str], Mapping[str, np.ndarray]]
+    lazy: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,8 @@ ARCHITECTURES = [
         hf_names=("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"),
         model_args=llama.model_args, from_hf=llama.from_hf,
         gguf_names=("llama", "mistral", "qwen2"),
-        gguf=GGUFSpec(llama.gguf_config, llama.GGUF_TENSOR_NAMES, llama.from_gguf),
+        gguf=GGUFSpec(llama.gguf_config, llama.GGUF_TENSOR_NAMES, llama.from_gguf,
+                      lazy=True),
     ),
     Architecture("gpt2", "GPT-2, DistilGPT2", ("GPT2LMHeadModel",), gpt2.model_args,
                  gpt2.from_hf, ("gpt2",),

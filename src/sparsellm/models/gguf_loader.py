@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from ..tokenizer import Tokenizer
 from .architectures import GGUFSpec, find_architecture
 from .checkpoint import Checkpoint, check_tensors
 from .convert import expand
+from .lazy import LazyTensors
 
 
 def read_gguf_metadata(reader: Any) -> dict[str, Any]:
@@ -52,14 +54,13 @@ def load_gguf(path: Path) -> Checkpoint:
     config = gguf_config(meta, arch_name, names, arch.gguf)
     args = arch.args(config)
     name_map = expand(arch.gguf.tensor_names, args.num_hidden_layers)
-    tensors = {}
-    for t in reader.tensors:
-        if t.name not in name_map:
-            raise ValueError(f"{path}: unexpected tensor {t.name!r} for architecture {arch_name}")
-        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
-        tensors[name_map[t.name]] = np.ascontiguousarray(w.reshape(shape))
-    tensors = arch.gguf.convert(tensors, args, arch_name)
+    unexpected = [t.name for t in reader.tensors if t.name not in name_map]
+    if unexpected:
+        raise ValueError(f"{path}: unexpected tensor {unexpected[0]!r} for architecture "
+                         f"{arch_name}")
+    # Dequantized at each access from the memory-mapped file, like safetensors checkpoints.
+    raw = LazyTensors({name_map[t.name]: partial(_dequantize, t) for t in reader.tensors})
+    tensors = arch.gguf.convert(raw if arch.gguf.lazy else dict(raw), args, arch_name)
     check_tensors(tensors, args, str(path))
     return Checkpoint(
         path=path,
@@ -70,3 +71,12 @@ def load_gguf(path: Path) -> Checkpoint:
         tokenizer=Tokenizer.from_gguf_metadata(meta),
         generation_config={},
     )
+
+
+def _dequantize(t: Any) -> np.ndarray:
+    """One GGUF tensor as fp32 in (rows, cols) order."""
+    import gguf
+
+    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
+    return np.ascontiguousarray(w.reshape(shape))

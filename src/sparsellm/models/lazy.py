@@ -9,6 +9,7 @@ plus one tensor being converted, however the file stores it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -32,3 +33,15 @@ class LazyTensors(Mapping[str, T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"LazyTensors({len(self)} tensors)"
+
+
+def transform_each(tensors: Mapping[str, T], fn: Callable[[str, T], T]) -> Mapping[str, T]:
+    """{name: fn(name, value)}, computed at access when `tensors` is lazy (so it stays lazy)."""
+    if isinstance(tensors, LazyTensors):
+        return LazyTensors({name: partial(_transformed, fn, name, load)
+                            for name, load in tensors._loaders.items()})
+    return {name: fn(name, value) for name, value in tensors.items()}
+
+
+def _transformed(fn: Callable[[str, T], T], name: str, load: Callable[[], T]) -> T:
+    return fn(name, load())

@@ -6,12 +6,14 @@ layouts to canonical tensors. No file I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .convert import activation, common_args, rope_settings
 from .decoder import ModelArgs
+from .lazy import transform_each
 
 
 def model_args(config: dict[str, Any]) -> ModelArgs:
@@ -88,14 +90,20 @@ def gguf_config(arch: str, get: Any) -> dict[str, Any]:
     return config
 
 
-def from_gguf(t: dict[str, np.ndarray], args: ModelArgs, arch: str) -> dict[str, np.ndarray]:
-    if arch in _GGUF_PERMUTED_QK:
-        for name in list(t):
-            if name.endswith("q_proj.weight"):
-                t[name] = unpermute_gguf_qk(t[name], args.num_attention_heads)
-            elif name.endswith("k_proj.weight"):
-                t[name] = unpermute_gguf_qk(t[name], args.num_key_value_heads)
-    return t
+def from_gguf(t: Mapping[str, np.ndarray], args: ModelArgs, arch: str
+              ) -> Mapping[str, np.ndarray]:
+    """Tensor by tensor, so a lazily loaded file stays lazy."""
+    if arch not in _GGUF_PERMUTED_QK:
+        return t
+
+    def unpermute(name: str, w: np.ndarray) -> np.ndarray:
+        if name.endswith("q_proj.weight"):
+            return unpermute_gguf_qk(w, args.num_attention_heads)
+        if name.endswith("k_proj.weight"):
+            return unpermute_gguf_qk(w, args.num_key_value_heads)
+        return w
+
+    return transform_each(t, unpermute)
 
 
 def unpermute_gguf_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
