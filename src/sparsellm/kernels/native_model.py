@@ -75,8 +75,8 @@ class NativeDecoderModel:
             self.packed[name] = pack(w, formats.get(name, "fp32"), masks.get(name))
             if np.may_share_memory(self.packed[name].arrays["data"], w):
                 in_place.add(name)
-        # Into one huge-page block, except what the caller's tensors still hold (a copy would
-        # double it).
+        # Into one huge-page block, except fp32 weights that are the caller's arrays: a copy
+        # doubles them while the caller holds them, and fp32 decode gains nothing from it.
         gather(self.packed[name] for name in names if name not in in_place)
 
         def vec(name: str) -> np.ndarray | None:
