@@ -130,6 +130,12 @@ class PackedWeight:
                 row_off=a.get("row_off"), meta=a.get("meta"))
         return self._native
 
+    def rebind(self, arrays: dict[str, np.ndarray]) -> None:
+        """Use these buffers (same contents, e.g. moved into another block of memory) from now
+        on; a native descriptor built over the old ones is dropped and rebuilt when needed."""
+        self.arrays = arrays
+        self._native = None
+
 
 def padded_cols(cols: int, group: int = 0) -> int:
     align = max(COL_ALIGN, group)

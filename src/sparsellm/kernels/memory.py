@@ -39,8 +39,7 @@ def gather(weights: Iterable[PackedWeight]) -> None:
     """Move the buffers of `weights` (in this order) into one huge-page block, in place: each
     PackedWeight's arrays become views of the block with the same contents, and the old
     buffers are freed as they are copied (unless referenced elsewhere), so peak memory grows
-    by little. Call before `PackedWeight.native()`: a native descriptor already built keeps the
-    old buffers, so it is dropped and rebuilt on the next call."""
+    by little; native descriptors built over the old buffers are dropped (`rebind`)."""
     weights = list(weights)
     total = sum(_aligned(a.nbytes) for w in weights for a in w.arrays.values())
     if total == 0:
@@ -57,12 +56,12 @@ def gather(weights: Iterable[PackedWeight]) -> None:
     block = raw[start:start + total]
     used = trimmed = 0
     for w in weights:
+        moved = {}
         for key, arr in w.arrays.items():
-            view = block[used:used + arr.nbytes].view(arr.dtype).reshape(arr.shape)
-            view[...] = arr
-            w.arrays[key] = view
+            moved[key] = block[used:used + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+            moved[key][...] = arr
             used += _aligned(arr.nbytes)
-        w._native = None
+        w.rebind(moved)
         if used - trimmed >= _TRIM_EVERY:
             _release_freed_heap()
             trimmed = used

@@ -18,7 +18,7 @@ from .architectures import Architecture, find_architecture
 from .compressed import decode_compressed_tensors, is_compressed_config
 from .decoder import DecoderModel, ModelArgs, layer_weight_names, linear_weight_names
 from .formats import QuantizedTensor, WeightFormat
-from .lazy import LazyTensors
+from .lazy import LazyTensors, transform_each
 from .registry import MODELS, resolve_hf_cache, resolve_registered
 from .safetensors_io import SafetensorsFile
 
@@ -147,7 +147,7 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
         for note in notes:
             logger.info("%s: %s", folder, note)
     else:
-        tensors = LazyTensors({name: partial(_float32_tensor, raw, name) for name in raw})
+        tensors = transform_each(raw, _float32_tensor)
         if not canonical:  # Llama's names are canonical: stays lazy
             tensors = arch.from_hf(tensors, args)
     check_tensors(tensors, args, str(folder))
@@ -199,8 +199,7 @@ def _safetensors_files(folder: Path) -> list[Path]:
     raise FileNotFoundError(f"no *.safetensors weights in {folder}")
 
 
-def _float32_tensor(raw: Mapping[str, np.ndarray], name: str) -> np.ndarray:
-    arr = raw[name]
+def _float32_tensor(name: str, arr: np.ndarray) -> np.ndarray:
     if np.issubdtype(arr.dtype, np.floating) and arr.dtype != np.float32:
         return arr.astype(np.float32)
     return arr

@@ -35,13 +35,10 @@ class LazyTensors(Mapping[str, T], Generic[T]):
         return f"LazyTensors({len(self)} tensors)"
 
 
-def transform_each(tensors: Mapping[str, T], fn: Callable[[str, T], T]) -> Mapping[str, T]:
-    """{name: fn(name, value)}, computed at access when `tensors` is lazy (so it stays lazy)."""
-    if isinstance(tensors, LazyTensors):
-        return LazyTensors({name: partial(_transformed, fn, name, load)
-                            for name, load in tensors._loaders.items()})
-    return {name: fn(name, value) for name, value in tensors.items()}
+def transform_each(tensors: Mapping[str, T], fn: Callable[[str, T], T]) -> LazyTensors[T]:
+    """The same names, each value fn(name, tensors[name]) computed at access."""
+    return LazyTensors({name: partial(_transformed, fn, tensors, name) for name in tensors})
 
 
-def _transformed(fn: Callable[[str, T], T], name: str, load: Callable[[], T]) -> T:
-    return fn(name, load())
+def _transformed(fn: Callable[[str, T], T], tensors: Mapping[str, T], name: str) -> T:
+    return fn(name, tensors[name])

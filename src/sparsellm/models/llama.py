@@ -92,7 +92,7 @@ def gguf_config(arch: str, get: Any) -> dict[str, Any]:
 
 def from_gguf(t: Mapping[str, np.ndarray], args: ModelArgs, arch: str
               ) -> Mapping[str, np.ndarray]:
-    """Tensor by tensor, so a lazily loaded file stays lazy."""
+    """Tensor by tensor, at access (the loader passes a LazyTensors)."""
     if arch not in _GGUF_PERMUTED_QK:
         return t
 
