@@ -12,23 +12,25 @@ namespace sl {
 namespace scalar {
 
 template <typename KV>
-void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o) {
-  for (int64_t j = 0; j < n; ++j) {
-    float s = 0.f;
-    for (int64_t i = 0; i < hd; ++i) s += q[i] * to_float(K[j * hd + i]);
-    sc[j] = s * scale;
+void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
+            float scale, float* sc, float* o) {
+  for (int64_t g = 0; g < G; ++g, q += hd, sc += n, o += hd) {
+    for (int64_t j = 0; j < n; ++j) {
+      float s = 0.f;
+      for (int64_t i = 0; i < hd; ++i) s += q[i] * to_float(K[j * hd + i]);
+      sc[j] = s * scale;
+    }
+    softmax_inplace(sc, n);
+    std::fill(o, o + hd, 0.f);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < hd; ++i) o[i] += sc[j] * to_float(V[j * hd + i]);
   }
-  softmax_inplace(sc, n);
-  std::fill(o, o + hd, 0.f);
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < hd; ++i) o[i] += sc[j] * to_float(V[j * hd + i]);
 }
 
-template void attend<float>(const float*, const float*, const float*, int64_t, int64_t, float,
-                            float*, float*);
+template void attend<float>(const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                            float, float*, float*);
 template void attend<uint16_t>(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t,
-                               float, float*, float*);
+                               int64_t, float, float*, float*);
 
 void to_half(const float* x, uint16_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_half(x[i]);
@@ -168,28 +170,34 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
                          int64_t ldo, std::vector<float>& scores) {
   const auto attend = use_avx2() ? avx2::attend<KV> : scalar::attend<KV>;
   const int64_t group = s.H / s.KV;
-  if (int64_t(scores.size()) < num_threads() * s.cap) scores.resize(size_t(num_threads() * s.cap));
-  // One task per (token, head); causal prefill rows differ in length -> handed out in
-  // chunks of 4 from a shared counter.
-  // Work ~ T * H * keys * hd. Split across threads from 2^14 (SmolLM2: 29+ keys): a fork/join
-  // of the pool costs a few microseconds, and one sequence's decode step over 96 / 160 keys
-  // took 9.6 / 14.8 us per layer on one thread, 6.8-7.6 / 9.5-10.5 on two (2^17 before). Only
-  // a decode step over a very short context stays on one thread.
+  // A task is one token's query heads that share a KV head, so each key and value is loaded
+  // once for all of them (SmolLM2's 3 per KV head: 1.18x hot for 8 tokens, 512-token prefill
+  // 1.19x end to end); a task per head when there are too few groups to keep the threads busy
+  // (a single sequence's decode step: 3 groups for 2 threads).
+  const int64_t per_task = s.T * s.KV >= 4 * num_threads() ? group : 1;
+  if (int64_t(scores.size()) < num_threads() * per_task * s.cap)
+    scores.resize(size_t(num_threads() * per_task * s.cap));
+  // Causal prefill tasks differ in length -> handed out in chunks of ~4 heads from a shared
+  // counter. Work ~ T * H * keys * hd. Split across threads from 2^14 (SmolLM2: 29+ keys): a
+  // fork/join of the pool costs a few microseconds, and one sequence's decode step over 96 /
+  // 160 keys took 9.6 / 14.8 us per layer on one thread, 6.8-7.6 / 9.5-10.5 on two (2^17
+  // before). Only a decode step over a very short context stays on one thread.
   int64_t keys = 0;
   for (int64_t t = 0; t < s.T; ++t) keys += pos[t] + 1;
-  const int64_t tasks = s.T * s.H;
+  const int64_t tasks_per_token = s.H / per_task, tasks = s.T * tasks_per_token;
+  const int64_t chunk = std::max<int64_t>(1, 4 / per_task);
   std::atomic<int64_t> next{0};
   parallel(keys * s.H * s.hd >= (int64_t(1) << 14), [&](int id, int) {
-    float* sc = scores.data() + id * s.cap;
-    for (int64_t c0; (c0 = next.fetch_add(4, std::memory_order_relaxed)) < tasks;)
-      for (int64_t th = c0; th < std::min(tasks, c0 + 4); ++th) {
-        const int64_t t = th / s.H, h = th % s.H, kvh = h / group;
+    float* sc = scores.data() + id * per_task * s.cap;
+    for (int64_t c0; (c0 = next.fetch_add(chunk, std::memory_order_relaxed)) < tasks;)
+      for (int64_t task = c0; task < std::min(tasks, c0 + chunk); ++task) {
+        const int64_t t = task / tasks_per_token, h = task % tasks_per_token * per_task;
         const int64_t p = pos[t];
         const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
         const int64_t n = p + 1 - first;
-        const int64_t kv = (slots[t] * s.KV + kvh) * s.cap + first;  // keys (n, hd) from here
-        attend(q + t * ldq + h * s.hd, kc + kv * s.hd, vc + kv * s.hd, n, s.hd, s.scale, sc,
-               out + t * ldo + h * s.hd);
+        const int64_t kv = (slots[t] * s.KV + h / group) * s.cap + first;  // keys (n, hd)
+        attend(q + t * ldq + h * s.hd, kc + kv * s.hd, vc + kv * s.hd, per_task, n, s.hd,
+               s.scale, sc, out + t * ldo + h * s.hd);
       }
   });
 }

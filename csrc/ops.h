@@ -58,12 +58,13 @@ void attention(const float* q, int64_t ldq, const void* kc, const void* vc, cons
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
                std::vector<float>& scores);
 
-// One head of one token: o = softmax(scale * K q) V over n keys; K, V: (n, hd), KV = float or
-// uint16_t (IEEE half), both instantiated; sc: n floats.
+// G query heads of one token that share a KV head: o_g = softmax(scale * K q_g) V over n keys;
+// q, o: (G, hd) rows; K, V: (n, hd), KV = float or uint16_t (IEEE half), both instantiated;
+// sc: G * n floats.
 namespace scalar {
 template <typename KV>
-void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o);
+void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
+            float scale, float* sc, float* o);
 void to_half(const float* x, uint16_t* out, int64_t n);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);
@@ -71,8 +72,8 @@ void softmax_inplace(float* x, int64_t n);
 }  // namespace scalar
 namespace avx2 {
 template <typename KV>
-void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o);
+void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
+            float scale, float* sc, float* o);
 void to_half(const float* x, uint16_t* out, int64_t n);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);

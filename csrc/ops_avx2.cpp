@@ -1,6 +1,7 @@
 // Transformer ops, AVX2+FMA twins of ops.cpp's scalar reference (same math, vectorized).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops.h"
@@ -47,42 +48,114 @@ static inline float dot(const float* a, const KV* b, int64_t n) {
   return s;
 }
 
-// o[c, c + 8 * NV) = sum_j sc[j] * V[j, c, c + 8 * NV): the output columns stay in registers
-// over all keys (an axpy per key loaded and stored them for every key, and was ~8% of a
-// batch-8 decode step). A 64-wide head takes one pass of 8 accumulators: two passes of 4 were
-// bound by the FMA latency (4 chains, one FMA per key each); 1.04-1.22x for 30 layers of 8
-// tokens x 500 keys, same results bit for bit.
-template <int NV, typename KV>
-static inline void weighted_sum(const float* sc, const KV* V, int64_t n, int64_t hd, float* o) {
-  __m256 acc[NV];
-  for (int i = 0; i < NV; ++i) acc[i] = _mm256_setzero_ps();
+// [sum(a[0]), sum(a[1]), sum(a[2]), sum(a[3])]: three hadds for four dot products, where a
+// horizontal sum per key took six instructions.
+static inline __m128 reduce4(const __m256* a) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// sc[g * n + j] = scale * q_g . K[j] for NG heads q_g = q + g * hd (NG <= 3): four keys at a
+// time, each 8 columns of a key loaded once for all NG heads (12 accumulators + 3 query vectors
+// + 1 key vector fill the 16 registers).
+template <int NG, typename KV>
+static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
+                        float* sc) {
+  const int64_t hd8 = hd & ~int64_t(7);
+  const __m128 sv = _mm_set1_ps(scale);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const KV* k = K + j * hd;
+    // These keys' values on their way to L2 for the weighted sums that follow: a batch of
+    // sequences' caches is cold (the layer's weights went through the cache since), and with
+    // 96 keys per sequence the hardware prefetcher alone left the V pass waiting on DRAM
+    // (1.3-1.45x for 8 sequences, 2 threads).
+    const char* pv = reinterpret_cast<const char*>(V + j * hd);
+    for (int64_t b = 0; b < int64_t(4 * hd * sizeof(KV)); b += 64) _mm_prefetch(pv + b, _MM_HINT_T1);
+    __m256 acc[NG][4];
+    for (int g = 0; g < NG; ++g)
+      for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd8; d += 8) {
+      __m256 qd[NG];
+      for (int g = 0; g < NG; ++g) qd[g] = _mm256_loadu_ps(q + g * hd + d);
+      for (int i = 0; i < 4; ++i) {
+        const __m256 kv = load8(k + i * hd + d);
+        for (int g = 0; g < NG; ++g) acc[g][i] = _mm256_fmadd_ps(qd[g], kv, acc[g][i]);
+      }
+    }
+    for (int g = 0; g < NG; ++g) {
+      __m128 s = reduce4(acc[g]);
+      if (hd8 < hd) {  // columns past the last 8 (odd head sizes)
+        alignas(16) float tail[4] = {};
+        for (int i = 0; i < 4; ++i)
+          for (int64_t d = hd8; d < hd; ++d) tail[i] += q[g * hd + d] * to_float(k[i * hd + d]);
+        s = _mm_add_ps(s, _mm_load_ps(tail));
+      }
+      _mm_storeu_ps(sc + g * n + j, _mm_mul_ps(s, sv));
+    }
+  }
+  for (; j < n; ++j)
+    for (int g = 0; g < NG; ++g) sc[g * n + j] = dot(q + g * hd, K + j * hd, hd) * scale;
+}
+
+// o_g[c, c + 8 * NV) = sum_j sc[g * n + j] * V[j, c, c + 8 * NV) for NG heads: the output
+// columns stay in registers over all keys (an axpy per key loaded and stored them for every
+// key), and each V vector is loaded once for all NG heads. 8 (one head) or 12 accumulators:
+// fewer were bound by the FMA latency (one FMA per key on each chain).
+template <int NG, int NV, typename KV>
+static inline void weighted_sums(const float* sc, const KV* V, int64_t n, int64_t hd, float* o) {
+  __m256 acc[NG][NV];
+  for (int g = 0; g < NG; ++g)
+    for (int i = 0; i < NV; ++i) acc[g][i] = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
-    const __m256 s = _mm256_broadcast_ss(sc + j);
-    for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(s, load8(V + j * hd + 8 * i), acc[i]);
+    __m256 s[NG];
+    for (int g = 0; g < NG; ++g) s[g] = _mm256_broadcast_ss(sc + g * n + j);
+    for (int i = 0; i < NV; ++i) {
+      const __m256 v = load8(V + j * hd + 8 * i);
+      for (int g = 0; g < NG; ++g) acc[g][i] = _mm256_fmadd_ps(s[g], v, acc[g][i]);
+    }
   }
-  for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
+  for (int g = 0; g < NG; ++g)
+    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + g * hd + 8 * i, acc[g][i]);
 }
 
-template <typename KV>
-void attend(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
-            float* sc, float* o) {
-  for (int64_t j = 0; j < n; ++j) sc[j] = dot(q, K + j * hd, hd) * scale;
-  softmax_inplace(sc, n);
+template <int NG, typename KV>
+static void attend_heads(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
+                         float scale, float* sc, float* o) {
+  head_scores<NG>(q, K, V, n, hd, scale, sc);
+  for (int g = 0; g < NG; ++g) softmax_inplace(sc + g * n, n);
+  constexpr int NV = NG == 1 ? 8 : 4;
   int64_t c = 0;
-  for (; c + 64 <= hd; c += 64) weighted_sum<8>(sc, V + c, n, hd, o + c);
-  for (; c + 32 <= hd; c += 32) weighted_sum<4>(sc, V + c, n, hd, o + c);
-  for (; c + 8 <= hd; c += 8) weighted_sum<1>(sc, V + c, n, hd, o + c);
-  for (; c < hd; ++c) {
-    float s = 0.f;
-    for (int64_t j = 0; j < n; ++j) s += sc[j] * to_float(V[j * hd + c]);
-    o[c] = s;
+  for (; c + 8 * NV <= hd; c += 8 * NV) weighted_sums<NG, NV>(sc, V + c, n, hd, o + c);
+  for (; c + 8 <= hd; c += 8) weighted_sums<NG, 1>(sc, V + c, n, hd, o + c);
+  for (; c < hd; ++c)
+    for (int g = 0; g < NG; ++g) {
+      float s = 0.f;
+      for (int64_t j = 0; j < n; ++j) s += sc[g * n + j] * to_float(V[j * hd + c]);
+      o[g * hd + c] = s;
+    }
+}
+
+// Heads in blocks of up to 3 (register budget); a group of 3 (SmolLM2) is one block.
+template <typename KV>
+void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
+            float scale, float* sc, float* o) {
+  for (int64_t g = 0; g < G;) {
+    const int64_t nb = std::min<int64_t>(3, G - g);
+    const float* qb = q + g * hd;
+    float* ob = o + g * hd;
+    float* sb = sc + g * n;
+    if (nb == 3) attend_heads<3>(qb, K, V, n, hd, scale, sb, ob);
+    else if (nb == 2) attend_heads<2>(qb, K, V, n, hd, scale, sb, ob);
+    else attend_heads<1>(qb, K, V, n, hd, scale, sb, ob);
+    g += nb;
   }
 }
 
-template void attend<float>(const float*, const float*, const float*, int64_t, int64_t, float,
-                            float*, float*);
+template void attend<float>(const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                            float, float*, float*);
 template void attend<uint16_t>(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t,
-                               float, float*, float*);
+                               int64_t, float, float*, float*);
 
 void to_half(const float* x, uint16_t* out, int64_t n) {
   int64_t i = 0;

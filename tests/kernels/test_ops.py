@@ -110,6 +110,29 @@ def test_attention_over_a_half_precision_cache(isa, rng, hd):
         kernels.attention(q, kc, vc.astype(np.float32), slots, pos, 0.1)
 
 
+@pytest.mark.parametrize("H, KV", [(9, 3), (10, 2), (8, 2), (4, 4)])
+@pytest.mark.parametrize("hd", [64, 20])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_attention_over_groups_of_heads(isa, rng, H, KV, hd, dtype):
+    # Enough tokens x KV heads that a task is all the query heads sharing a KV head (blocks of
+    # 3, 2 and 1 heads), over key counts that are and are not multiples of 4.
+    S, cap = 3, 128
+    kc = rng.standard_normal((S, KV, cap, hd)).astype(dtype)
+    vc = rng.standard_normal((S, KV, cap, hd)).astype(dtype)
+    slots = np.array([0, 1, 1, 2, 0])
+    pos = np.array([0, 3, 4, 37, 101])
+    q = rng.standard_normal((5, H, hd)).astype(np.float32)
+    saved = kernels.get_num_threads()
+    try:
+        for threads in (1, 2):
+            kernels.set_num_threads(threads)
+            np.testing.assert_allclose(kernels.attention(q, kc, vc, slots, pos, hd ** -0.5),
+                                       ref.attention(q, kc, vc, slots, pos, hd ** -0.5),
+                                       rtol=1e-5, atol=1e-5)
+    finally:
+        kernels.set_num_threads(saved)
+
+
 def test_attention_matches_model_reference(rng):
     # The model's own NumPy attention (one sequence, keys 0..L-1) is the same math.
     from sparsellm.models.decoder import attention as model_attention
