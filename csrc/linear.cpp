@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <type_traits>
 
 #include "threads.h"
 
@@ -85,15 +86,19 @@ static void quantize(const float* x, int64_t n, int8_t* q, float* scale) {
 // (GEMM: 16x more, as its work per weight byte is compute, not a DRAM stream.)
 constexpr int64_t kMinParallelWork = int64_t(1) << 16;
 
-// Per-token sums of x (T, kp) over each group of columns -> out (T, kp / group).
+// Per-token sums of x (T, kp) over each group of columns -> out (T, kp / group). int8 values
+// are summed as int32, which vectorizes (a float sum is a serial chain of adds: 0.4-1 us per
+// call, ~1.5% of a sparse W4A8 decode step) and is exact, as the float sum of at most
+// 2^24 / 128 int8 values is.
 template <typename X>
 static void group_sums(const X* x, int64_t T, int64_t kp, int64_t group, float* out) {
+  using Acc = std::conditional_t<std::is_integral_v<X>, int32_t, float>;
   const int64_t ng = kp / group;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t g = 0; g < ng; ++g) {
-      float acc = 0.f;
-      for (int64_t k = t * kp + g * group; k < t * kp + (g + 1) * group; ++k) acc += float(x[k]);
-      out[t * ng + g] = acc;
+      Acc acc = 0;
+      for (int64_t k = t * kp + g * group; k < t * kp + (g + 1) * group; ++k) acc += Acc(x[k]);
+      out[t * ng + g] = float(acc);
     }
 }
 
