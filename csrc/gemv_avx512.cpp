@@ -146,7 +146,7 @@ inline __m512i word_nibbles(const uint8_t* bytes) {
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
   const int64_t kp = w.kp, kw = words_end(w), G = w.group, ng = kp / G;
-  for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+  const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
     constexpr int NT = decltype(nt)::value;
     const __m512 signed_nibble =  // value of each nibble 0..15 as a two's complement int4
         _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
@@ -172,7 +172,8 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
       }
     }
     for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(acc[t]);
-  });
+  };
+  for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, row);
 }
 
 
@@ -187,7 +188,7 @@ template <int G>
 void sp_i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
   const int64_t kp = w.kp, kw = words_end(w), ng = kp / G;
-  for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+  const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
     constexpr int NT = decltype(nt)::value;
     const int64_t kend = kw, stride = kp;  // in registers, not reloaded from the closure
     const __m512i eight = _mm512_set1_epi8(8);
@@ -227,7 +228,8 @@ void sp_i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       for (int64_t g = 0; g < ng; ++g) offset += sc[g] * gs[g];
       y[(t0 + t) * ldy + r] = (_mm512_reduce_add_ps(acc[t]) - 8.f * offset) * a.xscale[t0 + t];
     }
-  });
+  };
+  for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, row);
 }
 }  // namespace
 
