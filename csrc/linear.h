@@ -12,12 +12,12 @@ namespace sl {
 // Work buffers of linear(), grown by reserve() and never shrunk: the model reserves its
 // largest shapes once at build time so a decode step allocates nothing.
 struct LinearScratch {
-  std::vector<float> xpad;    // (T, kp) activations, zero padded (fake-quantized for W8A8 GEMM)
-  std::vector<int8_t> xq;     // (T, kp) int8 activations for W8A8 GEMV
-  std::vector<float> xscale;  // (T,) per-token activation scales
-  std::vector<int32_t> xsum;  // (T,) per-token sums of xq (the AVX-512 W8A8 kernels' offset)
-  std::vector<float> gsum;    // (kMaxMulti, T, kp/32) per-weight, per-token int4 group sums
-  std::vector<float> panel;   // (threads, kPanelRows, kp) decoded weight rows
+  AlignedVector<float> xpad;    // (T, kp) activations, zero padded (fake-quantized for W8A8 GEMM)
+  AlignedVector<int8_t> xq;     // (T, kp) int8 activations for W8A8 GEMV
+  AlignedVector<float> xscale;  // (T,) per-token activation scales
+  AlignedVector<int32_t> xsum;  // (T,) per-token sums of xq (the AVX-512 W8A8 kernels' offset)
+  AlignedVector<float> gsum;    // (kMaxMulti, T, kp/32) per-weight, per-token int4 group sums
+  AlignedVector<float> panel;   // (threads, kPanelRows, kp) decoded weight rows
   void reserve(int64_t T, int64_t kp);
 };
 

@@ -86,20 +86,20 @@ class NativeModel {
   OuterWeights outer_;
 
   // Run-state buffers, sized once in the constructor (M = max_tokens).
-  std::vector<float> x_;     // (M, hidden)        residual stream
-  std::vector<float> h_;     // (M, hidden)        normed input of the projections
-  std::vector<float> q_;     // (M, heads * hd)    queries (RoPE applied in place)
-  std::vector<float> k_;     // (M, kv_heads * hd) new keys before they go to the cache
-  std::vector<float> v_;     // (M, kv_heads * hd) new values
-  std::vector<float> att_;   // (M, heads * hd)    attention output
-  std::vector<float> proj_;  // (M, hidden)        o_proj / down_proj output
-  std::vector<float> par_;   // (M, hidden)        o_proj output kept for a parallel residual
-  std::vector<float> gate_;  // (M, intermediate)  gate_proj, then act(gate) * up
-  std::vector<float> up_;    // (M, intermediate)  up_proj
-  std::vector<float> cos_;   // (M, rot / 2)       RoPE tables for this call's positions
-  std::vector<float> sin_;   // (M, rot / 2)
-  std::vector<float> scores_;  // (threads, capacity) attention scores (grown on first use)
-  LinearScratch lin_;          // activations padding / quantization / decoded panels
+  AlignedVector<float> x_;       // (M, hidden)        residual stream
+  AlignedVector<float> h_;       // (M, hidden)        normed input of the projections
+  AlignedVector<float> q_;       // (M, heads * hd)    queries (RoPE applied in place)
+  AlignedVector<float> k_;       // (M, kv_heads * hd) new keys before they go to the cache
+  AlignedVector<float> v_;       // (M, kv_heads * hd) new values
+  AlignedVector<float> att_;     // (M, heads * hd)    attention output
+  AlignedVector<float> proj_;    // (M, hidden)        o_proj / down_proj output
+  AlignedVector<float> par_;     // (M, hidden)        o_proj output kept for a parallel residual
+  AlignedVector<float> gate_;    // (M, intermediate)  gate_proj, then act(gate) * up
+  AlignedVector<float> up_;      // (M, intermediate)  up_proj
+  AlignedVector<float> cos_;     // (M, rot / 2)       RoPE tables for this call's positions
+  AlignedVector<float> sin_;     // (M, rot / 2)
+  AlignedVector<float> scores_;  // (threads, capacity) attention scores (grown on first use)
+  LinearScratch lin_;            // activations padding / quantization / decoded panels
 };
 
 }  // namespace sl

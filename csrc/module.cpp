@@ -88,7 +88,7 @@ PyWeight make_weight(int fmt, int64_t rows, int64_t cols, int64_t kp, bool act_i
 }
 
 thread_local LinearScratch tl_scratch;
-thread_local std::vector<float> tl_scores;
+thread_local AlignedVector<float> tl_scores;
 
 // NativeModel + the Python objects whose buffers it points into.
 struct PyModel {

@@ -167,7 +167,7 @@ void to_half(const float* x, uint16_t* out, int64_t n) {
 template <typename KV>
 static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc,
                          const int64_t* slots, const int64_t* pos, const AttnShape& s, float* out,
-                         int64_t ldo, std::vector<float>& scores) {
+                         int64_t ldo, AlignedVector<float>& scores) {
   const auto attend = use_avx2() ? avx2::attend<KV> : scalar::attend<KV>;
   const int64_t group = s.H / s.KV;
   // A task is one token's query heads that share a KV head, so each key and value is loaded
@@ -204,7 +204,7 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
 
 void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
-               std::vector<float>& scores) {
+               AlignedVector<float>& scores) {
   if (s.f16)
     attention_kv(q, ldq, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), slots,
                  pos, s, out, ldo, scores);

@@ -56,7 +56,7 @@ struct AttnShape {
 };
 void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
-               std::vector<float>& scores);
+               AlignedVector<float>& scores);
 
 // G query heads of one token that share a KV head: o_g = softmax(scale * K q_g) V over n keys;
 // q, o: (G, hd) rows; K, V: (n, hd), KV = float or uint16_t (IEEE half), both instantiated;

@@ -59,8 +59,8 @@ static inline __m128 reduce4(const __m256* a) {
 // time, each 8 columns of a key loaded once for all NG heads (12 accumulators + 3 query vectors
 // + 1 key vector fill the 16 registers).
 template <int NG, typename KV>
-static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd, float scale,
-                        float* sc) {
+static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
+                        float scale, float* sc) {
   const int64_t hd8 = hd & ~int64_t(7);
   const __m128 sv = _mm_set1_ps(scale);
   int64_t j = 0;
@@ -71,7 +71,8 @@ static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int
     // 96 keys per sequence the hardware prefetcher alone left the V pass waiting on DRAM
     // (1.3-1.45x for 8 sequences, 2 threads).
     const char* pv = reinterpret_cast<const char*>(V + j * hd);
-    for (int64_t b = 0; b < int64_t(4 * hd * sizeof(KV)); b += 64) _mm_prefetch(pv + b, _MM_HINT_T1);
+    for (int64_t b = 0; b < int64_t(4 * hd * sizeof(KV)); b += 64)
+      _mm_prefetch(pv + b, _MM_HINT_T1);
     __m256 acc[NG][4];
     for (int g = 0; g < NG; ++g)
       for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
