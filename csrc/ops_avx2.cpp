@@ -57,7 +57,7 @@ static inline __m128 reduce4(const __m256* a) {
 
 // sc[g * n + j] = scale * q_g . K[j] for NG heads q_g = q + g * hd (NG <= 3): four keys at a
 // time, each 8 columns of a key loaded once for all NG heads (12 accumulators + 3 query vectors
-// + 1 key vector fill the 16 registers).
+// + 1 key vector fill the 16 registers). V is only prefetched.
 template <int NG, typename KV>
 static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
                         float scale, float* sc) {
