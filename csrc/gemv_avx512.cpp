@@ -190,7 +190,6 @@ void sp_i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
   const int64_t kp = w.kp, kw = words_end(w), ng = kp / G;
   const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
     constexpr int NT = decltype(nt)::value;
-    const int64_t kend = kw, stride = kp;  // in registers, not reloaded from the closure
     const __m512i eight = _mm512_set1_epi8(8);
     const uint8_t* m = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
@@ -202,7 +201,7 @@ void sp_i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       acc[t] = _mm512_setzero_ps();
       dot[t] = _mm512_setzero_si512();
     }
-    for (int64_t k = 0; k < kend; k += 64) {
+    for (int64_t k = 0; k < kw; k += 64) {
       prefetch_ahead(vals);
       uint64_t bits;
       std::memcpy(&bits, m + k / 8, 8);
@@ -210,8 +209,8 @@ void sp_i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
           eight, bits, _mm512_xor_si512(word_nibbles(vals), eight));
       vals += sp_i4_word_bytes(__builtin_popcountll(bits));
       for (int t = 0; t < NT; ++t)
-        dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * stride + k));
-      if (G == 32 || (k + 64) % G == 0 || k + 64 == kend) {  // a group (or two) ends
+        dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * kp + k));
+      if (G == 32 || (k + 64) % G == 0 || k + 64 == kw) {  // a group (or two) ends
         const __m512 s = G > 32 ? _mm512_set1_ps(sc[k / G])
                                 : _mm512_castpd_ps(_mm512_insertf64x4(
                                       _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
