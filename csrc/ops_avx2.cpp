@@ -57,7 +57,7 @@ static inline __m128 reduce4(const __m256* a) {
 
 // sc[g * n + j] = scale * q_g . K[j] for NG heads q_g = q + g * hd (NG <= 3): four keys at a
 // time, each 8 columns of a key loaded once for all NG heads (12 accumulators + 3 query vectors
-// + 1 key vector fill the 16 registers). V is only prefetched.
+// + 1 key vector fill the 16 registers). V (unless null) is only prefetched.
 template <int NG, typename KV>
 static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
                         float scale, float* sc) {
@@ -70,9 +70,11 @@ static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int
     // sequences' caches is cold (the layer's weights went through the cache since), and with
     // 96 keys per sequence the hardware prefetcher alone left the V pass waiting on DRAM
     // (1.3-1.45x for 8 sequences, 2 threads).
-    const char* pv = reinterpret_cast<const char*>(V + j * hd);
-    for (int64_t b = 0; b < int64_t(4 * hd * sizeof(KV)); b += 64)
-      _mm_prefetch(pv + b, _MM_HINT_T1);
+    if (V) {
+      const char* pv = reinterpret_cast<const char*>(V + j * hd);
+      for (int64_t b = 0; b < int64_t(4 * hd * sizeof(KV)); b += 64)
+        _mm_prefetch(pv + b, _MM_HINT_T1);
+    }
     __m256 acc[NG][4];
     for (int g = 0; g < NG; ++g)
       for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
@@ -120,10 +122,11 @@ static inline void weighted_sums(const float* sc, const KV* V, int64_t n, int64_
     for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + g * hd + 8 * i, acc[g][i]);
 }
 
+// first: the first block of heads over these keys (the one that prefetches V).
 template <int NG, typename KV>
 static void attend_heads(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
-                         float scale, float* sc, float* o) {
-  head_scores<NG>(q, K, V, n, hd, scale, sc);
+                         float scale, float* sc, float* o, bool first) {
+  head_scores<NG>(q, K, first ? V : nullptr, n, hd, scale, sc);
   for (int g = 0; g < NG; ++g) softmax_inplace(sc + g * n, n);
   constexpr int NV = NG == 1 ? 8 : 4;
   int64_t c = 0;
@@ -146,9 +149,9 @@ void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int6
     const float* qb = q + g * hd;
     float* ob = o + g * hd;
     float* sb = sc + g * n;
-    if (nb == 3) attend_heads<3>(qb, K, V, n, hd, scale, sb, ob);
-    else if (nb == 2) attend_heads<2>(qb, K, V, n, hd, scale, sb, ob);
-    else attend_heads<1>(qb, K, V, n, hd, scale, sb, ob);
+    if (nb == 3) attend_heads<3>(qb, K, V, n, hd, scale, sb, ob, g == 0);
+    else if (nb == 2) attend_heads<2>(qb, K, V, n, hd, scale, sb, ob, g == 0);
+    else attend_heads<1>(qb, K, V, n, hd, scale, sb, ob, g == 0);
     g += nb;
   }
 }
