@@ -59,13 +59,14 @@ enum class Fmt : int {
   F32 = 0,     // data: float (rows, kp)
   F16 = 1,     // data: IEEE half (rows, kp)
   BF16 = 2,    // data: bfloat16 (rows, kp)
-  I8 = 3,      // data: int8 (rows, kp); scale (rows,): w = q * scale[r]
+  I8 = 3,      // data: int8 (rows, kp); scale (rows,): w = q * scale[r] (W8A16)
   I4 = 4,      // data: uint8 (rows, kp/2) nibbles, see int4 layout below; scale/zero (rows, kp/G)
   SP_F32 = 5,  // bitmask sparse: mask (rows, kp/8), values float, row_off (rows+1) in elements
   SP_I8 = 6,   //   ... values int8 + scale (rows,)
   SP_I4 = 7,   //   ... values signed nibbles, row_off in bytes; scale (rows, kp/G), symmetric
                //   (act_int8: W4A8)
   S24_I8 = 8,  // 2:4 semi-structured int8: values (rows, kp/2), meta (rows, kp/64) uint64
+  I8_R16 = 9,  // dense int8 for W8A8 in blocks of 16 rows, see kRowBlock16 below
 };
 
 struct Weight {
@@ -82,6 +83,19 @@ struct Weight {
   const int64_t* row_off = nullptr;  // SP_*: (rows+1,) start of each row's packed values
   const uint64_t* meta = nullptr;    // S24_I8: (rows, kp/64) 2-bit selectors, see sparse24
 };
+
+// I8_R16: rows padded to a multiple of 16 (zero rows, zero scales); block b (rows 16b..16b+15)
+// is 16 * kp bytes at data + 16 * kp * b, and holds columns 4j..4j+3 of its 16 rows as the 64
+// bytes at 64 j, row by row (16 x 4). One vpdpbusd multiplies those 64 bytes by 4 activations
+// broadcast to every lane, so the 16 lanes accumulate the 16 rows' dot products: no horizontal
+// sums, and a block's results are stored as one vector. (The row-major int8 layout needs a
+// transposing add tree per row and token, which was a third of a batched W8A8 row's work.)
+// The threads split rows in blocks: every GEMV call's r0 is a multiple of 16.
+constexpr int64_t kRowBlock16 = 16;
+inline int64_t row_blocks16(int64_t rows) { return (rows + kRowBlock16 - 1) / kRowBlock16; }
+inline const int8_t* r16_block(const Weight& w, int64_t b) {
+  return static_cast<const int8_t*>(w.data) + b * kRowBlock16 * w.kp;
+}
 
 // 2:4 (S24_I8) value order inside a 64-column block: slot s holds the kept values of the
 // 16-column chunk kSlotChunk[s] (see gemv_sparse.cpp; the AVX2 kernel gathers x by it).

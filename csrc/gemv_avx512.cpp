@@ -24,7 +24,8 @@ namespace sl::avx512 {
 namespace {
 // Tokens per tile: each has one zmm accumulator, and a weight vector is loaded (or expanded)
 // once per tile. 16-token tiles measured slower than two 8-token passes over a row (which the
-// second reads from L1): 45-80 vs 75-100 GMAC/s per core at T = 16 and 64 on 576 columns.
+// second reads from L1): 45-80 vs 75-100 GMAC/s per core at T = 16 and 64 on 576 columns (the
+// bitmask kernel); the dense 16-row-block kernel ran the same with 8 or 16.
 constexpr int kMaxNT = 8;
 
 // The 16-lane sums of 8 accumulators, as 8 int32 lanes: a transposing add tree of ~25
@@ -78,15 +79,41 @@ inline void vnni_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int
 }
 }  // namespace
 
+// Dense W8A8 over the 16-row blocks of Fmt::I8_R16 (common.h): per 4 columns one 64-byte load
+// (16 rows x 4 weights) and one vpdpbusd per token with the token's 4 activations broadcast, so
+// each token's zmm accumulates the 16 rows' dot products. With 8 tokens, hot in L2, this runs at
+// vpdpbusd's peak of one per cycle; row by row with the add tree above it ran at about half.
+// Software prefetch only for tiles of several tokens: a single token streams DRAM faster
+// without it (see tiles.h).
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int8_t* W = static_cast<const int8_t*>(w.data);
-  vnni_rows(w, a, y, ldy, r0, r1, [&](int64_t r) {
-    return [p = W + r * w.kp](__m512i offset) mutable {
-      prefetch_ahead(p);
-      const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(p), offset);
-      p += 64;
-      return v;
-    };
+  const int64_t kp = w.kp;
+  for_rows_and_tiles<kMaxNT>(r0 / kRowBlock16, row_blocks16(r1), a.T, [&](auto nt, int64_t b,
+                                                                          int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m512i offset = _mm512_set1_epi8(char(0x80));
+    const int8_t* blk = r16_block(w, b);
+    const int8_t* xq = a.xq + t0 * kp;
+    __m512i acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_si512();
+    for (int64_t k = 0; k < kp; k += 4) {
+      if constexpr (NT > 1) prefetch_ahead(blk + 16 * k);
+      const __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(blk + 16 * k), offset);
+      for (int t = 0; t < NT; ++t) {
+        int32_t x4;
+        std::memcpy(&x4, xq + t * kp + k, 4);
+        acc[t] = _mm512_dpbusd_epi32(acc[t], wu, _mm512_set1_epi32(x4));
+      }
+    }
+    // y = float(dot - 128 * xsum) * (xscale * scale): the other kernels' float operations.
+    const int64_t r = b * kRowBlock16;
+    const __mmask16 store = r1 - r >= kRowBlock16 ? 0xffff : (1u << (r1 - r)) - 1;
+    const __m512 scale = _mm512_loadu_ps(w.scale + r);
+    for (int t = 0; t < NT; ++t) {
+      const __m512i dot = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(128 * a.xsum[t0 + t]));
+      const __m512 s = _mm512_mul_ps(_mm512_set1_ps(a.xscale[t0 + t]), scale);
+      _mm512_mask_storeu_ps(y + (t0 + t) * ldy + r, store,
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(dot), s));
+    }
   });
 }
 

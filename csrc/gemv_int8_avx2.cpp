@@ -2,6 +2,9 @@
 // maddubs sign trick (simd_avx2.h) for 32 int8 products per instruction.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "common.h"
 #include "simd_avx2.h"
 
@@ -38,34 +41,44 @@ void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
   }, [&w](int64_t r) { return w.scale[r]; });
 }
 
-// W8A8: per 64 columns the two weight vectors and their absolute values are made once, then
-// each token of the tile costs 2 x (sign, maddubs, madd, add); 2 int32 accumulators per token.
+// W8A8 over the 16-row blocks of Fmt::I8_R16 (common.h): per 4 columns, the block's two
+// vectors (rows 0-7 and 8-15) and their absolute values are made once; each token of the tile
+// broadcasts its 4 activations and costs 2 x (sign, maddubs, madd, add), which leaves 8 rows'
+// dot products in each of its 2 accumulators.
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int8_t* W = static_cast<const int8_t*>(w.data);
   const int64_t kp = w.kp;
-  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+  for_rows_and_tiles<4>(r0 / kRowBlock16, row_blocks16(r1), a.T, [&](auto nt, int64_t b,
+                                                                     int64_t t0) {
     constexpr int NT = decltype(nt)::value;
-    const int8_t* row = W + r * kp;
+    const int8_t* blk = r16_block(w, b);
     const int8_t* xq = a.xq + t0 * kp;
     __m256i acc[NT][2];
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
-    for (int64_t k = 0; k < kp; k += 64) {
-      prefetch_ahead(row + k);
+    for (int64_t k = 0; k < kp; k += 4) {
+      if constexpr (NT > 1) prefetch_ahead(blk + 16 * k);
       __m256i wv[2], wa[2];
       for (int i = 0; i < 2; ++i) {
-        wv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k + 32 * i));
+        wv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 * k + 32 * i));
         wa[i] = _mm256_sign_epi8(wv[i], wv[i]);
       }
-      for (int t = 0; t < NT; ++t)
-        for (int i = 0; i < 2; ++i) {
-          const __m256i x =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kp + k + 32 * i));
-          acc[t][i] = dot_i8(acc[t][i], wa[i], wv[i], x);
-        }
+      for (int t = 0; t < NT; ++t) {
+        int32_t x4;
+        std::memcpy(&x4, xq + t * kp + k, 4);
+        const __m256i x = _mm256_set1_epi32(x4);
+        for (int i = 0; i < 2; ++i) acc[t][i] = dot_i8(acc[t][i], wa[i], wv[i], x);
+      }
     }
-    for (int t = 0; t < NT; ++t)
-      y[(t0 + t) * ldy + r] = float(hsum_i32(_mm256_add_epi32(acc[t][0], acc[t][1]))) *
-                              (a.xscale[t0 + t] * w.scale[r]);
+    // y = float(dot) * (xscale * scale): the scalar kernel's float operations, 8 rows at once.
+    const int64_t r = b * kRowBlock16, n = std::min(kRowBlock16, r1 - r);
+    for (int t = 0; t < NT; ++t) {
+      const __m256 xs = _mm256_set1_ps(a.xscale[t0 + t]);
+      alignas(32) float out[16];
+      for (int i = 0; i < 2; ++i) {
+        const __m256 s = _mm256_mul_ps(xs, _mm256_loadu_ps(w.scale + r + 8 * i));
+        _mm256_store_ps(out + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[t][i]), s));
+      }
+      std::memcpy(y + (t0 + t) * ldy + r, out, size_t(n) * sizeof(float));
+    }
   });
 }
 

@@ -173,6 +173,12 @@ void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
         for (int64_t k = 0; k < kp; ++k) o[k] = float(W[k]) * s;
         break;
       }
+      case Fmt::I8_R16: {
+        const int8_t* row = r16_block(w, r / kRowBlock16) + 4 * (r % kRowBlock16);
+        const float s = w.scale[r];
+        for (int64_t k = 0; k < kp; ++k) o[k] = float(row[16 * (k & ~int64_t(3)) + (k & 3)]) * s;
+        break;
+      }
       case Fmt::I4: {
         const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * (kp / 2);
         const int64_t ng = kp / w.group;

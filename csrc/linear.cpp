@@ -14,18 +14,16 @@ namespace sl {
 
 using GemvFn = void (*)(const Weight&, const Acts&, float*, int64_t, int64_t, int64_t);
 
-// T: tokens of the call. Dense W8A8 uses VNNI only for T > 1: at T == 1 both ISAs stream DRAM
-// and the AVX2 kernel measured faster end to end (SmolLM2 int8_a8 decode ~190 vs ~175 tok/s).
-static GemvFn pick_gemv(const Weight& w, int64_t T) {
+static GemvFn pick_gemv(const Weight& w) {
   const bool v = use_avx2();
   switch (w.fmt) {
     case Fmt::F32: return v ? avx2::gemv_f32 : scalar::gemv_f32;
     case Fmt::F16: return v ? avx2::gemv_f16 : scalar::gemv_f16;
     case Fmt::BF16: return v ? avx2::gemv_bf16 : scalar::gemv_bf16;
-    case Fmt::I8:
-      if (w.act_int8 && use_avx512() && T > 1) return avx512::gemv_i8a8;
-      if (w.act_int8) return v ? avx2::gemv_i8a8 : scalar::gemv_i8a8;
-      return v ? avx2::gemv_i8 : scalar::gemv_i8;
+    case Fmt::I8: return v ? avx2::gemv_i8 : scalar::gemv_i8;
+    case Fmt::I8_R16:
+      if (use_avx512()) return avx512::gemv_i8a8;
+      return v ? avx2::gemv_i8a8 : scalar::gemv_i8a8;
     case Fmt::I4:
       if (w.act_int8) return v ? avx2::gemv_i4a8 : scalar::gemv_i4a8;
       return v ? avx2::gemv_i4 : scalar::gemv_i4;
@@ -146,14 +144,15 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
 
 // The GEMV path for n weights with the same padded width: activations prepared once, then one
 // parallel region in which the threads split the concatenated rows of all weights into
-// contiguous ranges.
+// contiguous ranges, in blocks of 16 rows (Fmt::I8_R16's unit; a kernel call starts on one).
 static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t* ldys, int n,
                        const float* x, int64_t T, int64_t ldx, LinearScratch& s) {
   const int64_t kp = ws[0]->kp;
-  int64_t total_rows = 0;
+  int64_t total_rows = 0, total_blocks = 0;
   bool any_i8 = false;
   for (int i = 0; i < n; ++i) {
     total_rows += ws[i]->rows;
+    total_blocks += row_blocks16(ws[i]->rows);
     any_i8 |= ws[i]->act_int8;
   }
   prepare(x, T, ldx, ws[0]->cols, kp, any_i8, s);
@@ -181,14 +180,16 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
         a.gsum = gs;
       }
     }
-    fns[i] = pick_gemv(w, T);
+    fns[i] = pick_gemv(w);
   }
-  parallel_for(total_rows, total_rows * kp * T >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
-    int64_t base = 0;
+  parallel_for(total_blocks, total_rows * kp * T >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
+    int64_t base = 0;  // first block of weight i
     for (int i = 0; i < n; ++i) {
-      const int64_t r0 = std::max(lo, base) - base, r1 = std::min(hi, base + ws[i]->rows) - base;
-      if (r0 < r1) fns[i](*ws[i], acts[i], ys[i], ldys[i], r0, r1);
-      base += ws[i]->rows;
+      const int64_t rows = ws[i]->rows, nb = row_blocks16(rows);
+      const int64_t b0 = std::max(lo, base) - base, b1 = std::min(hi, base + nb) - base;
+      if (b0 < b1)
+        fns[i](*ws[i], acts[i], ys[i], ldys[i], b0 * kRowBlock16, std::min(rows, b1 * kRowBlock16));
+      base += nb;
     }
   });
 }

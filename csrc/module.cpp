@@ -62,7 +62,9 @@ struct PyWeight {
 PyWeight make_weight(int fmt, int64_t rows, int64_t cols, int64_t kp, bool act_int8, int group,
                      bool asym, py::array data, py::object scale, py::object zero, py::object mask,
                      py::object row_off, py::object meta) {
-  if (fmt < 0 || fmt > int(Fmt::S24_I8)) throw std::invalid_argument("unknown format id");
+  if (fmt < 0 || fmt > int(Fmt::I8_R16)) throw std::invalid_argument("unknown format id");
+  if ((fmt == int(Fmt::I8) && act_int8) || (fmt == int(Fmt::I8_R16) && !act_int8))
+    throw std::invalid_argument("dense int8 weights: I8 is W8A16, I8_R16 is W8A8");
   if (kp % kColAlign || kp < cols) throw std::invalid_argument("kp must be a multiple of 64 >= cols");
   PyWeight p;
   Weight& w = p.w;

@@ -41,9 +41,12 @@ inline void run_tile(int64_t n, Row& row, int64_t ra, int64_t rz, int64_t t0) {
 // such a kernel does enough arithmetic per cache line that its out-of-order window no longer
 // covers the DRAM latency, and the hardware prefetcher alone did not keep up: fp32 with 4
 // tokens took 1.4-1.6x the time of 1 token, W8A8 (VNNI) with 8 tokens 1.7-2.4x; with this,
-// 1.0x and 1.5-1.7x (96 matrices of SmolLM2 shapes, 2 threads). Neutral at T == 1; 2 KB ahead
-// was too short, 8 and 16 KB did the same. The AVX2 int4 and sparse kernels are compute-bound
-// and gained nothing.
+// 1.0x and 1.5-1.7x (96 matrices of SmolLM2 shapes, 2 threads). 2 KB ahead was too short, 8
+// and 16 KB did the same. The AVX2 int4 and sparse kernels are compute-bound and gained
+// nothing. At T == 1 it is mixed: the bitmask W8A8 decode is 1.08x faster with it, fp32 1.06x
+// without, and the dense W8A8 (16-row block) kernels stream 1.11x faster without it (one
+// thread over the model's matrices in their huge-page block), so those prefetch only for
+// tiles of several tokens.
 constexpr int64_t kPrefetchAhead = 8192;
 
 inline void prefetch_ahead(const void* p) {

@@ -8,7 +8,11 @@ kernels have no tail loops. Layouts (the C++ side documents the same in csrc/com
 csrc/gemv_sparse.cpp):
 
   fp32/fp16/bf16   data (out, kp)
-  int8[_a8]        data int8 (out, kp) in [-127, 127], scale (out,): w = q * scale
+  int8             data int8 (out, kp) in [-127, 127], scale (out,): w = q * scale
+  int8_a8          the same values in blocks of 16 rows: data int8 (out16, kp), out16 = out
+                   rounded up to 16 (zero rows); block b, columns 4j..4j+3 of its rows 0..15
+                   are the 64 bytes at b * 16 * kp + 64 j, row-major (16 x 4), the order in
+                   which one vpdpbusd multiplies them; scale (out16,) (zeros past out)
   int4_gG[_asym][_a8] data uint8 (out, kp/2): per 32 columns 16 bytes, byte j = q[j] | q[j+16] << 4;
                    scale (out, kp/G), zero uint8 (out, kp/G) if asym (else 8): w = (q - z) * s
   sparse_*         bitmask (out, kp/8) (bit j of byte b = column 8b+j, little bit order as
@@ -33,7 +37,8 @@ COL_ALIGN = 64
 _VALUE_PAD = 64  # bytes after sparse values: SIMD kernels may read up to 32 bytes past the end
 
 # C++ sl::Fmt ids (csrc/common.h)
-_F32, _F16, _BF16, _I8, _I4, _SP_F32, _SP_I8, _SP_I4, _S24_I8 = range(9)
+_F32, _F16, _BF16, _I8, _I4, _SP_F32, _SP_I8, _SP_I4, _S24_I8, _I8_R16 = range(10)
+ROW_BLOCK = 16  # rows per block of the int8_a8 layout
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,8 @@ class PackedWeight:
             fid = {"fp32": _F32, "fp16": _F16, "bf16": _BF16, "int8": _I8, "int4": _I4,
                    "sparse_fp32": _SP_F32, "sparse_int8": _SP_I8, "sparse_int4": _SP_I4,
                    "2:4_int8": _S24_I8}[s.kind]
+            if fid == _I8 and s.act_int8:
+                fid = _I8_R16
             a = self.arrays
             self._native = _ext.native().NativeWeight(
                 fmt=fid, rows=self.shape[0], cols=self.shape[1], kp=self.kp,
@@ -239,6 +246,26 @@ def _nibble_stream_layout(q: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarr
             "row_off": np.ascontiguousarray(word_off[:: kp // 64])}
 
 
+def _row_blocks_layout(q: np.ndarray, scale: np.ndarray) -> dict[str, np.ndarray]:
+    """int8 (out, kp) + scale (out,) -> the int8_a8 layout: blocks of 16 rows, each 4 columns
+    of a block's rows as 16 x 4 bytes, rows zero-padded to a multiple of 16."""
+    out, kp = q.shape
+    out16 = -(-out // ROW_BLOCK) * ROW_BLOCK
+    qp = np.zeros((out16, kp), np.int8)
+    qp[:out] = q
+    sp = np.zeros(out16, np.float32)
+    sp[:out] = scale.reshape(out)
+    data = qp.reshape(out16 // ROW_BLOCK, ROW_BLOCK, kp // 4, 4).transpose(0, 2, 1, 3)
+    return {"data": data.reshape(out16, kp), "scale": sp}
+
+
+def _unpack_row_blocks(data: np.ndarray, out: int) -> np.ndarray:
+    """The inverse of _row_blocks_layout's data: (out, kp) int8."""
+    out16, kp = data.shape
+    q = data.reshape(out16 // ROW_BLOCK, kp // 4, ROW_BLOCK, 4).transpose(0, 2, 1, 3)
+    return q.reshape(out16, kp)[:out]
+
+
 _SLOT_CHUNK = [0, 2, 1, 3]  # 2:4 block order, see csrc/gemv_sparse.cpp
 
 
@@ -296,12 +323,10 @@ def pack(w: np.ndarray, format: str, mask: np.ndarray | None = None) -> PackedWe
     elif s.kind in ("int8", "sparse_int8", "2:4_int8"):
         q, scale = quantize_int8_rows(wp)
         if s.kind == "int8":
-            arrays = {"data": q}
-        elif s.kind == "sparse_int8":
-            arrays = _bitmask_layout(q, mp)
+            arrays = _row_blocks_layout(q, scale) if s.act_int8 else {"data": q, "scale": scale}
         else:
-            arrays = _sparse24_layout(q, mp)
-        arrays["scale"] = scale
+            arrays = _bitmask_layout(q, mp) if s.kind == "sparse_int8" else _sparse24_layout(q, mp)
+            arrays["scale"] = scale
     elif s.kind == "int4":
         q, scale, zero = quantize_int4_groups(wp, s.group, s.asym)
         arrays = {"data": _nibbles32(q), "scale": scale.reshape(out, -1)}
@@ -350,13 +375,14 @@ def pack_quantized(
         if s.kind == "int8":
             if mask is not None:
                 raise ValueError(f"format {format!r} is dense; a mask needs a sparse format")
-            arrays = {"data": qp}
+            arrays = (_row_blocks_layout(qp, scale) if s.act_int8
+                      else {"data": qp, "scale": scale.reshape(out).copy()})
         else:
             m = _pad((q != 0) if mask is None else np.asarray(mask, dtype=bool), kp)
             qp = np.where(m, qp, 0).astype(np.int8)
             arrays = (_bitmask_layout(qp, m) if s.kind == "sparse_int8"
                       else _sparse24_layout(qp, m))
-        arrays["scale"] = scale.reshape(out).copy()
+            arrays["scale"] = scale.reshape(out).copy()
     elif s.kind in ("int4", "sparse_int4"):
         G = s.group
         if cols % G:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..models import decoder
-from .formats import _SLOT_CHUNK, PackedWeight
+from .formats import _SLOT_CHUNK, PackedWeight, _unpack_row_blocks
 
 
 def _unpack_bitmask(p: PackedWeight, values: np.ndarray) -> np.ndarray:
@@ -57,8 +57,10 @@ def _unpack_sparse24(p: PackedWeight) -> np.ndarray:
 
 def int_weights(p: PackedWeight) -> tuple[np.ndarray, np.ndarray]:
     """int8-family formats -> (q int8 (out, kp), per-row scale (out,))."""
-    kind = p.spec.kind
-    if kind == "int8":
+    kind, out = p.spec.kind, p.shape[0]
+    if kind == "int8" and p.spec.act_int8:
+        q = _unpack_row_blocks(p.arrays["data"], out)
+    elif kind == "int8":
         q = p.arrays["data"]
     elif kind == "sparse_int8":
         q = _unpack_bitmask(p, p.arrays["data"])
@@ -66,7 +68,7 @@ def int_weights(p: PackedWeight) -> tuple[np.ndarray, np.ndarray]:
         q = _unpack_sparse24(p)
     else:
         raise ValueError(f"{p.format} has no per-row int8 weights")
-    return q, p.arrays["scale"]
+    return q, p.arrays["scale"][:out]
 
 
 def dequantize(p: PackedWeight) -> np.ndarray:
