@@ -50,8 +50,8 @@ static inline float dot(const float* a, const KV* b, int64_t n) {
 
 // [sum(a[0]), sum(a[1]), sum(a[2]), sum(a[3])]: three hadds for four dot products, where a
 // horizontal sum per key took six instructions.
-static inline __m128 reduce4(const __m256* a) {
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
@@ -76,8 +76,8 @@ static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int
         _mm_prefetch(pv + b, _MM_HINT_T1);
     }
     __m256 acc[NG][4];
-    for (int g = 0; g < NG; ++g)
-      for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
+    SL_UNROLL for (int g = 0; g < NG; ++g)
+      SL_UNROLL for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd8; d += 8) {
       __m256 qd[NG];
       for (int g = 0; g < NG; ++g) qd[g] = _mm256_loadu_ps(q + g * hd + d);
@@ -86,8 +86,8 @@ static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int
         for (int g = 0; g < NG; ++g) acc[g][i] = _mm256_fmadd_ps(qd[g], kv, acc[g][i]);
       }
     }
-    for (int g = 0; g < NG; ++g) {
-      __m128 s = reduce4(acc[g]);
+    SL_UNROLL for (int g = 0; g < NG; ++g) {
+      __m128 s = reduce4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
       if (hd8 < hd) {  // columns past the last 8 (odd head sizes)
         alignas(16) float tail[4] = {};
         for (int i = 0; i < 4; ++i)
@@ -108,8 +108,8 @@ static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int
 template <int NG, int NV, typename KV>
 static inline void weighted_sums(const float* sc, const KV* V, int64_t n, int64_t hd, float* o) {
   __m256 acc[NG][NV];
-  for (int g = 0; g < NG; ++g)
-    for (int i = 0; i < NV; ++i) acc[g][i] = _mm256_setzero_ps();
+  SL_UNROLL for (int g = 0; g < NG; ++g)
+    SL_UNROLL for (int i = 0; i < NV; ++i) acc[g][i] = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
     __m256 s[NG];
     for (int g = 0; g < NG; ++g) s[g] = _mm256_broadcast_ss(sc + g * n + j);
@@ -118,8 +118,8 @@ static inline void weighted_sums(const float* sc, const KV* V, int64_t n, int64_
       for (int g = 0; g < NG; ++g) acc[g][i] = _mm256_fmadd_ps(s[g], v, acc[g][i]);
     }
   }
-  for (int g = 0; g < NG; ++g)
-    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + g * hd + 8 * i, acc[g][i]);
+  SL_UNROLL for (int g = 0; g < NG; ++g)
+    SL_UNROLL for (int i = 0; i < NV; ++i) _mm256_storeu_ps(o + g * hd + 8 * i, acc[g][i]);
 }
 
 // first: the first block of heads over these keys (the one that prefetches V).
