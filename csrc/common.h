@@ -178,6 +178,7 @@ float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);
 inline float to_float(float x) { return x; }
 inline float to_float(uint16_t h) { return half_to_float(h); }  // fp16 KV-cache element
+inline float to_float(int8_t q) { return float(q); }             // int8 KV-cache element
 inline float bf16_to_float(uint16_t b) {
   uint32_t u = uint32_t(b) << 16;
   float f;

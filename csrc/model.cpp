@@ -70,27 +70,35 @@ void NativeModel::attention_block(const LayerWeights& w, int64_t layer, const in
   apply_rope(q_.data(), T, H, hd, c.rotary_dim, H * hd, cos_.data(), sin_.data());
   apply_rope(k_.data(), T, KV, hd, c.rotary_dim, KV * hd, cos_.data(), sin_.data());
 
-  // Append this step's keys/values: cache[layer, slot, kvh, pos, :] (layout (L, S, KV, cap, hd)).
-  const int64_t elem = cache.f16 ? 2 : 4;
-  const int64_t layer_bytes = cache.slots * KV * cache.capacity * hd * elem;
+  // Append this step's keys/values: cache[layer, slot, kvh, pos, :] (layout (L, S, KV, cap, row)).
+  const int64_t row = cache.type == KvType::I8 ? kv_row<int8_t>(hd)
+                      : cache.type == KvType::F16 ? 2 * hd : 4 * hd;  // bytes
+  const int64_t layer_bytes = cache.slots * KV * cache.capacity * row;
   char* kc = static_cast<char*>(cache.k) + layer * layer_bytes;
   char* vc = static_cast<char*>(cache.v) + layer * layer_bytes;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < KV; ++h) {
-      const int64_t dst = ((slots[t] * KV + h) * cache.capacity + positions[t]) * hd * elem;
+      const int64_t dst = ((slots[t] * KV + h) * cache.capacity + positions[t]) * row;
       const float* kn = k_.data() + (t * KV + h) * hd;
       const float* vn = v_.data() + (t * KV + h) * hd;
-      if (cache.f16) {
-        to_half(kn, reinterpret_cast<uint16_t*>(kc + dst), hd);
-        to_half(vn, reinterpret_cast<uint16_t*>(vc + dst), hd);
-      } else {
-        std::memcpy(kc + dst, kn, hd * sizeof(float));
-        std::memcpy(vc + dst, vn, hd * sizeof(float));
+      switch (cache.type) {
+        case KvType::F32:
+          std::memcpy(kc + dst, kn, hd * sizeof(float));
+          std::memcpy(vc + dst, vn, hd * sizeof(float));
+          break;
+        case KvType::F16:
+          to_half(kn, reinterpret_cast<uint16_t*>(kc + dst), hd);
+          to_half(vn, reinterpret_cast<uint16_t*>(vc + dst), hd);
+          break;
+        case KvType::I8:
+          to_kv_int8(kn, hd, reinterpret_cast<int8_t*>(kc + dst));
+          to_kv_int8(vn, hd, reinterpret_cast<int8_t*>(vc + dst));
+          break;
       }
     }
 
   const AttnShape s{T, H, KV, hd, cache.capacity, 1.0f / std::sqrt(float(hd)), c.sliding_window,
-                    cache.f16};
+                    cache.type};
   attention(q_.data(), H * hd, kc, vc, slots, positions, s, att_.data(), H * hd, scores_);
   linear(w.o, att_.data(), T, H * hd, out, D, lin_);
   add_bias(out, w.bo, T, D);

@@ -46,10 +46,10 @@ struct LayerWeights {
 // KV cache views: (layers, slots, kv_heads, capacity, head_dim), fp32 or (f16) IEEE half,
 // written in place.
 struct KVCache {
-  void* k = nullptr;
+  void* k = nullptr;  // (layers, slots, kv_heads, capacity, kv_row(head_dim)) of type `type`
   void* v = nullptr;
   int64_t slots = 0, capacity = 0;
-  bool f16 = false;
+  KvType type = KvType::F32;
 };
 
 // Non-layer weights: token (and learned position) embeddings, final norm, lm_head.

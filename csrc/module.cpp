@@ -32,20 +32,30 @@ T* ptr_of(const py::array& a, const char* name) {
   return static_cast<T*>(const_cast<void*>(a.data()));
 }
 
-// A KV-cache array: float32, or float16 (IEEE half) -> (data, is_half); both of one cache
-// must have the same dtype.
-std::pair<void*, bool> kv_ptr(const py::array& a, const char* name) {
-  const bool half = a.dtype().is(py::dtype("float16"));
-  if (half && !(a.flags() & py::array::c_style))
+// A KV-cache array: float32, float16 (IEEE half) or int8 rows (values + scale, ops.h) ->
+// (data, type); both of one cache must have the same dtype.
+std::pair<void*, KvType> kv_ptr(const py::array& a, const char* name) {
+  KvType type = KvType::F32;
+  if (a.dtype().is(py::dtype("float16"))) type = KvType::F16;
+  else if (a.dtype().is(py::dtype("int8"))) type = KvType::I8;
+  else return {ptr_of<float>(a, name), type};
+  if (!(a.flags() & py::array::c_style))
     throw std::invalid_argument(std::string(name) + ": expected a C-contiguous array");
-  return {half ? const_cast<void*>(a.data()) : ptr_of<float>(a, name), half};
+  return {const_cast<void*>(a.data()), type};
 }
 
-KVCache kv_cache_of(const py::array& k, const py::array& v, int64_t slots, int64_t capacity) {
-  const auto [kp, kh] = kv_ptr(k, "k_cache");
-  const auto [vp, vh] = kv_ptr(v, "v_cache");
-  if (kh != vh) throw std::invalid_argument("k_cache and v_cache must have the same dtype");
-  return KVCache{kp, vp, slots, capacity, kh};
+// Caches whose last axis holds rows of head_dim values (+ the scale of int8 rows).
+KVCache kv_cache_of(const py::array& k, const py::array& v, int64_t slots, int64_t capacity,
+                    int64_t head_dim) {
+  const auto [kp, kt] = kv_ptr(k, "k_cache");
+  const auto [vp, vt] = kv_ptr(v, "v_cache");
+  if (kt != vt) throw std::invalid_argument("k_cache and v_cache must have the same dtype");
+  const int64_t row = kt == KvType::I8 ? kv_row<int8_t>(head_dim) : head_dim;
+  if (k.shape(k.ndim() - 1) != row)
+    throw std::invalid_argument("KV cache rows must hold " + std::to_string(row) +
+                                " elements (head_dim" +
+                                (kt == KvType::I8 ? std::string(" + 4 bytes of scale)") : ")"));
+  return KVCache{kp, vp, slots, capacity, kt};
 }
 
 template <typename T>
@@ -311,15 +321,16 @@ PYBIND11_MODULE(_native, m) {
             if (slots.size() != T || positions.size() != T)
               throw std::invalid_argument("forward: tokens, slots, positions must all be (T,)");
             if (k_cache.ndim() != 5 || k_cache.shape(0) != c.layers ||
-                k_cache.shape(2) != c.kv_heads || k_cache.shape(4) != c.head_dim)
+                k_cache.shape(2) != c.kv_heads)
               throw std::invalid_argument(
-                  "forward: k_cache must be (layers, slots, kv_heads, capacity, head_dim)");
+                  "forward: k_cache must be (layers, slots, kv_heads, capacity, row)");
             for (int i = 0; i < 5; ++i)
               if (v_cache.ndim() != 5 || v_cache.shape(i) != k_cache.shape(i))
                 throw std::invalid_argument("forward: v_cache shape differs from k_cache");
             if (out.ndim() != 2 || out.shape(0) != R || out.shape(1) != c.vocab)
               throw std::invalid_argument("forward: out must be (len(logit_rows), vocab)");
-            const KVCache kv = kv_cache_of(k_cache, v_cache, k_cache.shape(1), k_cache.shape(3));
+            const KVCache kv =
+                kv_cache_of(k_cache, v_cache, k_cache.shape(1), k_cache.shape(3), c.head_dim);
             const int64_t* tp = ptr_of<int64_t>(tokens, "tokens");
             const int64_t* sp = ptr_of<int64_t>(slots, "slots");
             const int64_t* pp = ptr_of<int64_t>(positions, "positions");
@@ -425,15 +436,15 @@ PYBIND11_MODULE(_native, m) {
       [](py::array q, py::array k_cache, py::array v_cache, py::array slots, py::array positions,
          float scale, int64_t window, py::array out) {
         if (q.ndim() != 3 || k_cache.ndim() != 4 || v_cache.ndim() != 4)
-          throw std::invalid_argument("attention: q (T,H,hd), caches (slots,KV,cap,hd) expected");
+          throw std::invalid_argument("attention: q (T,H,hd), caches (slots,KV,cap,row) expected");
         AttnShape s{q.shape(0), q.shape(1), k_cache.shape(1), q.shape(2), k_cache.shape(2), scale,
                     window};
-        if (k_cache.shape(3) != s.hd || s.H % s.KV || slots.size() != s.T ||
-            positions.size() != s.T || out.size() != q.size())
+        if (s.H % s.KV || slots.size() != s.T || positions.size() != s.T ||
+            out.size() != q.size())
           throw std::invalid_argument("attention: inconsistent shapes");
         const float* qp = ptr_of<float>(q, "q");
-        const KVCache kv = kv_cache_of(k_cache, v_cache, k_cache.shape(0), s.cap);
-        s.f16 = kv.f16;
+        const KVCache kv = kv_cache_of(k_cache, v_cache, k_cache.shape(0), s.cap, s.hd);
+        s.kv = kv.type;
         const int64_t* sp = ptr_of<int64_t>(slots, "slots");
         const int64_t* pp = ptr_of<int64_t>(positions, "positions");
         for (int64_t t = 0; t < s.T; ++t)
@@ -460,5 +471,20 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("x"), py::arg("out"),
       "Round fp32 to IEEE half (nearest even), as the fp16 KV cache does");
+
+  m.def(
+      "to_kv_int8",
+      [](py::array x, py::array out) {
+        if (x.ndim() != 2 || out.ndim() != 2 || out.shape(0) != x.shape(0) ||
+            out.shape(1) != kv_row<int8_t>(x.shape(1)) || !out.dtype().is(py::dtype("int8")) ||
+            !(out.flags() & py::array::c_style))
+          throw std::invalid_argument("to_kv_int8: x (n, hd) float32, out (n, hd + 4) int8");
+        const float* xp = ptr_of<float>(x, "x");
+        int8_t* op = static_cast<int8_t*>(out.mutable_data());
+        const int64_t n = x.shape(0), hd = x.shape(1);
+        py::gil_scoped_release nogil;
+        for (int64_t i = 0; i < n; ++i) to_kv_int8(xp + i * hd, hd, op + i * (hd + kKvScaleBytes));
+      },
+      py::arg("x"), py::arg("out"), "Rows of the int8 KV cache (values, then float scale)");
 
 }

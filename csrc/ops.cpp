@@ -11,19 +11,26 @@ namespace sl {
 
 namespace scalar {
 
+// Int8 rows: a key's dot product is scaled by its scale, and each weight of the softmax by
+// its value's scale (the AVX2 twin does the same).
 template <typename KV>
 void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
             float scale, float* sc, float* o) {
+  constexpr bool i8 = std::is_same_v<KV, int8_t>;
+  const int64_t ld = kv_row<KV>(hd);
   for (int64_t g = 0; g < G; ++g, q += hd, sc += n, o += hd) {
     for (int64_t j = 0; j < n; ++j) {
       float s = 0.f;
-      for (int64_t i = 0; i < hd; ++i) s += q[i] * to_float(K[j * hd + i]);
+      for (int64_t i = 0; i < hd; ++i) s += q[i] * to_float(K[j * ld + i]);
+      if constexpr (i8) s *= kv_scale(K + j * ld, hd);
       sc[j] = s * scale;
     }
     softmax_inplace(sc, n);
+    if constexpr (i8)
+      for (int64_t j = 0; j < n; ++j) sc[j] *= kv_scale(V + j * ld, hd);
     std::fill(o, o + hd, 0.f);
     for (int64_t j = 0; j < n; ++j)
-      for (int64_t i = 0; i < hd; ++i) o[i] += sc[j] * to_float(V[j * hd + i]);
+      for (int64_t i = 0; i < hd; ++i) o[i] += sc[j] * to_float(V[j * ld + i]);
   }
 }
 
@@ -31,6 +38,8 @@ template void attend<float>(const float*, const float*, const float*, int64_t, i
                             float, float*, float*);
 template void attend<uint16_t>(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t,
                                int64_t, float, float*, float*);
+template void attend<int8_t>(const float*, const int8_t*, const int8_t*, int64_t, int64_t,
+                             int64_t, float, float*, float*);
 
 void to_half(const float* x, uint16_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_half(x[i]);
@@ -164,6 +173,13 @@ void to_half(const float* x, uint16_t* out, int64_t n) {
   if (use_avx2()) avx2::to_half(x, out, n); else scalar::to_half(x, out, n);
 }
 
+void to_kv_int8(const float* x, int64_t hd, int8_t* row) {
+  float scale;
+  if (use_avx2() && hd % 32 == 0) avx2::quantize_row(x, hd, row, &scale);  // (needs 32k values)
+  else scalar::quantize_row(x, hd, row, &scale);
+  __builtin_memcpy(row + hd, &scale, sizeof scale);
+}
+
 template <typename KV>
 static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc,
                          const int64_t* slots, const int64_t* pos, const AttnShape& s, float* out,
@@ -195,9 +211,9 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
         const int64_t p = pos[t];
         const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
         const int64_t n = p + 1 - first;
-        const int64_t kv = (slots[t] * s.KV + h / group) * s.cap + first;  // keys (n, hd)
-        attend(q + t * ldq + h * s.hd, kc + kv * s.hd, vc + kv * s.hd, per_task, n, s.hd,
-               s.scale, sc, out + t * ldo + h * s.hd);
+        const int64_t kv = ((slots[t] * s.KV + h / group) * s.cap + first) * kv_row<KV>(s.hd);
+        attend(q + t * ldq + h * s.hd, kc + kv, vc + kv, per_task, n, s.hd, s.scale, sc,
+               out + t * ldo + h * s.hd);
       }
   });
 }
@@ -205,12 +221,17 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
 void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
                AlignedVector<float>& scores) {
-  if (s.f16)
-    attention_kv(q, ldq, static_cast<const uint16_t*>(kc), static_cast<const uint16_t*>(vc), slots,
-                 pos, s, out, ldo, scores);
-  else
-    attention_kv(q, ldq, static_cast<const float*>(kc), static_cast<const float*>(vc), slots, pos,
-                 s, out, ldo, scores);
+  switch (s.kv) {
+    case KvType::F32:
+      return attention_kv(q, ldq, static_cast<const float*>(kc), static_cast<const float*>(vc),
+                          slots, pos, s, out, ldo, scores);
+    case KvType::F16:
+      return attention_kv(q, ldq, static_cast<const uint16_t*>(kc),
+                          static_cast<const uint16_t*>(vc), slots, pos, s, out, ldo, scores);
+    case KvType::I8:
+      return attention_kv(q, ldq, static_cast<const int8_t*>(kc), static_cast<const int8_t*>(vc),
+                          slots, pos, s, out, ldo, scores);
+  }
 }
 
 }  // namespace sl

@@ -2,6 +2,7 @@
 // attention over a KV cache. Each dispatches to ops_avx2.cpp or the scalar code in ops.cpp.
 #pragma once
 
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -42,25 +43,43 @@ void softmax_inplace(float* x, int64_t n);
 // out[i] = x[i] rounded to IEEE half (nearest even), as stored in an fp16 KV cache.
 void to_half(const float* x, uint16_t* out, int64_t n);
 
+// KV-cache element types. An int8 cache row is hd values and then their float scale (4 bytes):
+// x ~= q * scale, symmetric per token and KV head (scale = max|x| / 127, as W8A8 activations),
+// kept next to its values so that a head's keys stay one stream.
+enum class KvType : int { F32 = 0, F16 = 1, I8 = 2 };
+constexpr int64_t kKvScaleBytes = 4;
+// Elements of KV per cache row of hd values.
+template <typename KV>
+constexpr int64_t kv_row(int64_t hd) {
+  return std::is_same_v<KV, int8_t> ? hd + kKvScaleBytes : hd;
+}
+inline float kv_scale(const int8_t* row, int64_t hd) {
+  float s;
+  __builtin_memcpy(&s, row + hd, sizeof s);
+  return s;
+}
+// Quantizes x (hd,) into an int8 cache row (values, then scale).
+void to_kv_int8(const float* x, int64_t hd, int8_t* row);
+
 // Causal grouped-query attention for a flat batch of T query tokens.
 //   q:    (T, H, hd) rows at stride ldq;  out: (T, H, hd) rows at stride ldo
-//   kc/vc: one layer's cache (slots, KV, cap, hd), fp32 or (f16) IEEE half; token t reads
-//          slot slots[t], keys [max(0, p - window + 1), p] with p = pos[t] (window <= 0: no
-//          sliding window). Scores, softmax and sums are fp32 either way.
+//   kc/vc: one layer's cache (slots, KV, cap, row) of s.kv elements, row = kv_row(hd); token t
+//          reads slot slots[t], keys [max(0, p - window + 1), p] with p = pos[t] (window <= 0:
+//          no sliding window). Scores, softmax and sums are fp32 whatever the cache stores.
 // scores: scratch of at least threads * cap floats.
 struct AttnShape {
   int64_t T, H, KV, hd, cap;
   float scale;
   int64_t window;
-  bool f16 = false;
+  KvType kv = KvType::F32;
 };
 void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
                AlignedVector<float>& scores);
 
 // G query heads of one token that share a KV head: o_g = softmax(scale * K q_g) V over n keys;
-// q, o: (G, hd) rows; K, V: (n, hd), KV = float or uint16_t (IEEE half), both instantiated;
-// sc: G * n floats.
+// q, o: (G, hd) rows; K, V: n rows of kv_row<KV>(hd), KV = float, uint16_t (IEEE half) or int8_t
+// (with scales), all instantiated; sc: G * n floats.
 namespace scalar {
 template <typename KV>
 void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,

@@ -33,6 +33,10 @@ static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 load8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+static inline __m256 load8(const int8_t* p) {
+  const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+}
 
 template <typename KV>
 static inline float dot(const float* a, const KV* b, int64_t n) {
@@ -57,22 +61,24 @@ static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 
 // sc[g * n + j] = scale * q_g . K[j] for NG heads q_g = q + g * hd (NG <= 3): four keys at a
 // time, each 8 columns of a key loaded once for all NG heads (12 accumulators + 3 query vectors
-// + 1 key vector fill the 16 registers). V (unless null) is only prefetched.
+// + 1 key vector fill the 16 registers). V (unless null) is only prefetched. Rows are ld
+// elements apart (kv_row); int8 keys' dot products are multiplied by their scales.
 template <int NG, typename KV>
 static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
                         float scale, float* sc) {
-  const int64_t hd8 = hd & ~int64_t(7);
+  constexpr bool i8 = std::is_same_v<KV, int8_t>;
+  const int64_t ld = kv_row<KV>(hd), hd8 = hd & ~int64_t(7);
   const __m128 sv = _mm_set1_ps(scale);
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    const KV* k = K + j * hd;
+    const KV* k = K + j * ld;
     // These keys' values on their way to L2 for the weighted sums that follow: a batch of
     // sequences' caches is cold (the layer's weights went through the cache since), and with
     // 96 keys per sequence the hardware prefetcher alone left the V pass waiting on DRAM
     // (1.3-1.45x for 8 sequences, 2 threads).
     if (V) {
-      const char* pv = reinterpret_cast<const char*>(V + j * hd);
-      for (int64_t b = 0; b < int64_t(4 * hd * sizeof(KV)); b += 64)
+      const char* pv = reinterpret_cast<const char*>(V + j * ld);
+      for (int64_t b = 0; b < int64_t(4 * ld * sizeof(KV)); b += 64)
         _mm_prefetch(pv + b, _MM_HINT_T1);
     }
     __m256 acc[NG][4];
@@ -82,7 +88,7 @@ static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int
       __m256 qd[NG];
       for (int g = 0; g < NG; ++g) qd[g] = _mm256_loadu_ps(q + g * hd + d);
       for (int i = 0; i < 4; ++i) {
-        const __m256 kv = load8(k + i * hd + d);
+        const __m256 kv = load8(k + i * ld + d);
         for (int g = 0; g < NG; ++g) acc[g][i] = _mm256_fmadd_ps(qd[g], kv, acc[g][i]);
       }
     }
@@ -91,22 +97,31 @@ static void head_scores(const float* q, const KV* K, const KV* V, int64_t n, int
       if (hd8 < hd) {  // columns past the last 8 (odd head sizes)
         alignas(16) float tail[4] = {};
         for (int i = 0; i < 4; ++i)
-          for (int64_t d = hd8; d < hd; ++d) tail[i] += q[g * hd + d] * to_float(k[i * hd + d]);
+          for (int64_t d = hd8; d < hd; ++d) tail[i] += q[g * hd + d] * to_float(k[i * ld + d]);
         s = _mm_add_ps(s, _mm_load_ps(tail));
       }
+      if constexpr (i8)
+        s = _mm_mul_ps(s, _mm_setr_ps(kv_scale(k, hd), kv_scale(k + ld, hd),
+                                      kv_scale(k + 2 * ld, hd), kv_scale(k + 3 * ld, hd)));
       _mm_storeu_ps(sc + g * n + j, _mm_mul_ps(s, sv));
     }
   }
   for (; j < n; ++j)
-    for (int g = 0; g < NG; ++g) sc[g * n + j] = dot(q + g * hd, K + j * hd, hd) * scale;
+    for (int g = 0; g < NG; ++g) {
+      float s = dot(q + g * hd, K + j * ld, hd);
+      if constexpr (i8) s *= kv_scale(K + j * ld, hd);
+      sc[g * n + j] = s * scale;
+    }
 }
 
-// o_g[c, c + 8 * NV) = sum_j sc[g * n + j] * V[j, c, c + 8 * NV) for NG heads: the output
-// columns stay in registers over all keys (an axpy per key loaded and stored them for every
-// key), and each V vector is loaded once for all NG heads. 8 (one head) or 12 accumulators:
-// fewer were bound by the FMA latency (one FMA per key on each chain).
+// o_g[c, c + 8 * NV) = sum_j sc[g * n + j] * V[j, c, c + 8 * NV) for NG heads (rows of V ld
+// elements apart, of o hd): the output columns stay in registers over all keys (an axpy per
+// key loaded and stored them for every key), and each V vector is loaded once for all NG
+// heads. 8 (one head) or 12 accumulators: fewer were bound by the FMA latency (one FMA per key
+// on each chain).
 template <int NG, int NV, typename KV>
-static inline void weighted_sums(const float* sc, const KV* V, int64_t n, int64_t hd, float* o) {
+static inline void weighted_sums(const float* sc, const KV* V, int64_t n, int64_t ld, float* o,
+                                 int64_t hd) {
   __m256 acc[NG][NV];
   SL_UNROLL for (int g = 0; g < NG; ++g)
     SL_UNROLL for (int i = 0; i < NV; ++i) acc[g][i] = _mm256_setzero_ps();
@@ -114,7 +129,7 @@ static inline void weighted_sums(const float* sc, const KV* V, int64_t n, int64_
     __m256 s[NG];
     for (int g = 0; g < NG; ++g) s[g] = _mm256_broadcast_ss(sc + g * n + j);
     for (int i = 0; i < NV; ++i) {
-      const __m256 v = load8(V + j * hd + 8 * i);
+      const __m256 v = load8(V + j * ld + 8 * i);
       for (int g = 0; g < NG; ++g) acc[g][i] = _mm256_fmadd_ps(s[g], v, acc[g][i]);
     }
   }
@@ -126,16 +141,22 @@ static inline void weighted_sums(const float* sc, const KV* V, int64_t n, int64_
 template <int NG, typename KV>
 static void attend_heads(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
                          float scale, float* sc, float* o, bool first) {
+  const int64_t ld = kv_row<KV>(hd);
   head_scores<NG>(q, K, first ? V : nullptr, n, hd, scale, sc);
   for (int g = 0; g < NG; ++g) softmax_inplace(sc + g * n, n);
+  if constexpr (std::is_same_v<KV, int8_t>)  // each weight times its value's scale
+    for (int64_t j = 0; j < n; ++j) {
+      const float vs = kv_scale(V + j * ld, hd);
+      for (int g = 0; g < NG; ++g) sc[g * n + j] *= vs;
+    }
   constexpr int NV = NG == 1 ? 8 : 4;
   int64_t c = 0;
-  for (; c + 8 * NV <= hd; c += 8 * NV) weighted_sums<NG, NV>(sc, V + c, n, hd, o + c);
-  for (; c + 8 <= hd; c += 8) weighted_sums<NG, 1>(sc, V + c, n, hd, o + c);
+  for (; c + 8 * NV <= hd; c += 8 * NV) weighted_sums<NG, NV>(sc, V + c, n, ld, o + c, hd);
+  for (; c + 8 <= hd; c += 8) weighted_sums<NG, 1>(sc, V + c, n, ld, o + c, hd);
   for (; c < hd; ++c)
     for (int g = 0; g < NG; ++g) {
       float s = 0.f;
-      for (int64_t j = 0; j < n; ++j) s += sc[g * n + j] * to_float(V[j * hd + c]);
+      for (int64_t j = 0; j < n; ++j) s += sc[g * n + j] * to_float(V[j * ld + c]);
       o[g * hd + c] = s;
     }
 }
@@ -160,6 +181,8 @@ template void attend<float>(const float*, const float*, const float*, int64_t, i
                             float, float*, float*);
 template void attend<uint16_t>(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t,
                                int64_t, float, float*, float*);
+template void attend<int8_t>(const float*, const int8_t*, const int8_t*, int64_t, int64_t,
+                             int64_t, float, float*, float*);
 
 void to_half(const float* x, uint16_t* out, int64_t n) {
   int64_t i = 0;

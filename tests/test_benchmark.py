@@ -292,7 +292,7 @@ def test_missing_compare_model_exits_2_before_measuring(tiny_llama_dir):
 
 @pytest.mark.parametrize("args,message", [
     (["--scenario", "bogus"], "argument --scenario/-s: invalid choice: 'bogus'"),
-    (["--kv-cache-dtype", "int8"], "argument --kv-cache-dtype: invalid choice: 'int8'"),
+    (["--kv-cache-dtype", "int4"], "argument --kv-cache-dtype: invalid choice: 'int4'"),
 ])
 def test_argparse_errors_exit_2(args, message, tiny_llama_dir):
     r = sparsellm("benchmark", str(tiny_llama_dir), *FAST, *args)
@@ -328,11 +328,12 @@ def test_benchmark_api_result(tiny_llama_dir):
     check_report_matches(report[0], d)
 
 
-def test_benchmark_api_batch_and_num_cores(tiny_llama_dir):
+@pytest.mark.parametrize("kv", ["fp16", "int8"])
+def test_benchmark_api_batch_and_num_cores(tiny_llama_dir, kv):
     result = benchmark(tiny_llama_dir, batch_size=3, scenario="sync", num_cores=1,
-                       kv_cache_dtype="fp16", **API_FAST)
+                       kv_cache_dtype=kv, **API_FAST)
     assert result.num_cores == 1
-    check_result_dict(result.to_dict(), batch_size=3, scenario="sync", kv_cache_dtype="fp16")
+    check_result_dict(result.to_dict(), batch_size=3, scenario="sync", kv_cache_dtype=kv)
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -75,7 +75,8 @@ class TextGeneration(Pipeline):
     a time, `num_cores` threads; `sequence_length` defaults to an exported deployment's, else
     1024). `weights` (a `sparsellm.kernels.FORMATS` name, e.g. "int8_a8") converts every linear
     weight on load instead of running the checkpoint's declared formats; `kv_cache_dtype="fp16"`
-    stores the KV cache in half precision (half the memory). Any `GenerationConfig`
+    (or "int8") stores the KV cache in half precision (int8: per-token scales), for half (a
+    quarter of) the memory. Any `GenerationConfig`
     field passed here becomes a default that each call can override. With `draft_model_path` (a
     smaller or compressed model with the same tokenizer) decoding is speculative: the draft
     proposes `num_speculative_tokens` tokens per step (with `adaptive_speculation`, fewer while

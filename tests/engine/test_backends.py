@@ -97,6 +97,22 @@ def test_half_precision_kv_cache(tiny, token_ids):
         Engine(tiny, kv_cache_dtype="int4")
 
 
+def test_int8_kv_cache(tiny, token_ids):
+    """An int8 cache (per-token, per-head scales): close to the fp32 cache, a quarter of its
+    bytes plus the scales; the NumPy backend does not offer it."""
+    ids = token_ids(70, seed=3)
+    native = Engine(tiny, sequence_length=128, kv_cache_dtype="int8")
+    a, la = _greedy(native, ids, 24)
+    _, lf = _greedy(Engine(tiny, sequence_length=128), ids, 24, forced=a)
+    np.testing.assert_allclose(la, lf, atol=5e-2 * np.abs(lf).max())
+    assert (la.argmax(-1) == lf.argmax(-1)).mean() > 0.9
+    hd = tiny.args.head_dim
+    assert native.cache.k.dtype == np.int8 and native.cache.k.shape[-1] == hd + 4
+    assert native.cache.nbytes * 4 * hd == Engine(tiny, sequence_length=128).cache.nbytes * (hd + 4)
+    with pytest.raises(ValueError, match="int8.*native backend"):
+        Engine(tiny, kv_cache_dtype="int8", backend="numpy")
+
+
 def test_weight_bytes_follow_the_format(tiny):
     fp32 = Engine(tiny, sequence_length=16).weight_bytes_per_step
     int8 = Engine(tiny, sequence_length=16, weights="int8").weight_bytes_per_step

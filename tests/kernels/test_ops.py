@@ -110,15 +110,31 @@ def test_attention_over_a_half_precision_cache(isa, rng, hd):
         kernels.attention(q, kc, vc.astype(np.float32), slots, pos, 0.1)
 
 
+@pytest.mark.parametrize("hd", [64, 96, 20])
+def test_int8_kv_rows_match_the_numpy_twin(isa, rng, hd):
+    # Values quantized like W8A8 activations, then the float32 scale; a zero row has scale 0.
+    x = (rng.standard_normal((50, hd)) * 10.0 ** rng.integers(-3, 3, (50, 1))).astype(np.float32)
+    x[7] = 0
+    rows = kernels.to_kv_int8(x)
+    np.testing.assert_array_equal(rows, ref.kv_int8_rows(x))
+    half_step = np.abs(x).max(1, keepdims=True) / 254  # scale / 2
+    assert (np.abs(ref.kv_dequantize(rows) - x) <= half_step * 1.001).all()
+
+
 @pytest.mark.parametrize("H, KV", [(9, 3), (10, 2), (8, 2), (4, 4)])
 @pytest.mark.parametrize("hd", [64, 20])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
 def test_attention_over_groups_of_heads(isa, rng, H, KV, hd, dtype):
     # Enough tokens x KV heads that a task is all the query heads sharing a KV head (blocks of
-    # 3, 2 and 1 heads), over key counts that are and are not multiples of 4.
+    # 3, 2 and 1 heads), over key counts that are and are not multiples of 4. int8: cache rows
+    # with scales, against attention over their dequantized values.
     S, cap = 3, 128
-    kc = rng.standard_normal((S, KV, cap, hd)).astype(dtype)
-    vc = rng.standard_normal((S, KV, cap, hd)).astype(dtype)
+    kc, vc = (rng.standard_normal((S, KV, cap, hd)) for _ in range(2))
+    if dtype == np.int8:
+        kc, vc = ref.kv_int8_rows(kc), ref.kv_int8_rows(vc)
+        want_k, want_v = ref.kv_dequantize(kc), ref.kv_dequantize(vc)
+    else:
+        kc, vc = want_k, want_v = kc.astype(dtype), vc.astype(dtype)
     slots = np.array([0, 1, 1, 2, 0])
     pos = np.array([0, 3, 4, 37, 101])
     q = rng.standard_normal((5, H, hd)).astype(np.float32)
@@ -127,10 +143,13 @@ def test_attention_over_groups_of_heads(isa, rng, H, KV, hd, dtype):
         for threads in (1, 2):
             kernels.set_num_threads(threads)
             np.testing.assert_allclose(kernels.attention(q, kc, vc, slots, pos, hd ** -0.5),
-                                       ref.attention(q, kc, vc, slots, pos, hd ** -0.5),
+                                       ref.attention(q, want_k, want_v, slots, pos, hd ** -0.5),
                                        rtol=1e-5, atol=1e-5)
     finally:
         kernels.set_num_threads(saved)
+    if dtype == np.int8:
+        with pytest.raises(ValueError, match="hd \\+ 4|head_dim"):
+            kernels.attention(q, kc[..., :hd].copy(), vc[..., :hd].copy(), slots, pos, 0.1)
 
 
 def test_attention_matches_model_reference(rng):

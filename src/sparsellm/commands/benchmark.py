@@ -20,8 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="FORMAT",
                    help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8, "
                    "sparse_int8_a8; sparsellm.kernels.FORMATS)")
-    p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16"], default="fp32",
-                   help="KV-cache storage (fp16: half the bytes attention reads)")
+    p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16", "int8"], default="fp32",
+                   help="KV-cache storage (fp16 / int8: a half / a quarter of the bytes "
+                        "attention reads)")
     p.add_argument("--compare", default=None, metavar="MODEL2",
                    help="benchmark a second model in the same process, in alternating rounds, "
                         "and print the ratio")

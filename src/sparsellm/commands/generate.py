@@ -19,8 +19,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="FORMAT",
                    help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8) "
                    "instead of running the checkpoint's declared formats")
-    p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16"], default="fp32",
-                   help="KV-cache storage (fp16: half the memory; default fp32)")
+    p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16", "int8"], default="fp32",
+                   help="KV-cache storage (fp16 / int8: a half / a quarter of the memory; "
+                        "default fp32)")
     p.add_argument("--draft-model", default=None,
                    help="draft model for speculative decoding (same tokenizer, smaller or "
                         "compressed)")

@@ -22,9 +22,12 @@ from .weights import reference_tensors, weight_formats
 DEFAULT_PROMPT_CHUNK = 64
 BACKENDS = ("native", "numpy")
 # KV-cache element types: fp16 halves the cache's memory and the bytes attention reads per
-# step (llama.cpp's default); keys and values are rounded to half as they are written, and
-# attention still computes in fp32.
-KV_CACHE_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+# step (llama.cpp's default); int8 quarters them (each token's key or value per KV head is
+# quantized symmetrically, its scale stored after it: kernels.reference.kv_int8_rows). Keys and
+# values are converted as they are written; attention still computes in fp32. Batched decode
+# reads the cache of every sequence, so there the bytes show (SmolLM2, 8 sequences of ~100
+# tokens: an fp32 cache is ~35 MB read per step next to ~134 MB of int8 weights).
+KV_CACHE_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8}
 
 
 class ContextLengthError(ValueError):
@@ -46,7 +49,8 @@ class Engine:
     there are some), else fp32; `weights="int8_a8"` (any `sparsellm.kernels.FORMATS` name)
     converts every linear weight on load instead, for quick experiments. `backend="numpy"` runs
     the NumPy reference forward on exactly the weights the native kernels would use.
-    `kv_cache_dtype="fp16"` stores keys and values as IEEE half (see KV_CACHE_DTYPES).
+    `kv_cache_dtype="fp16"` or `"int8"` stores keys and values as IEEE half or int8 (see
+    KV_CACHE_DTYPES); the NumPy backend keeps fp32 or fp16.
     """
 
     def __init__(
@@ -70,6 +74,9 @@ class Engine:
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; accepted: "
                              f"{', '.join(KV_CACHE_DTYPES)}")
+        if kv_cache_dtype == "int8" and backend != "native":
+            raise ValueError("kv_cache_dtype='int8' needs the native backend; the NumPy "
+                             "reference keeps fp32 or fp16 caches")
         positions = self.checkpoint.tensors.get("model.embed_positions.weight")
         if self.args.learned_positions and positions is not None and \
                 sequence_length > positions.shape[0]:

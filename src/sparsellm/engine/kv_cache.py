@@ -7,19 +7,23 @@ import mmap
 
 import numpy as np
 
+KV_SCALE_BYTES = 4  # an int8 row's float32 scale, after its values
+
 
 class KVCache:
     """Keys and values of up to `max_sequences` sequences of at most `capacity` tokens each.
 
     Interface: `allocate()` a slot, `append(slot, n)` after the model wrote n positions,
     `trim(slot, length)` to roll back (speculative decoding), `free(slot)`, `nbytes`.
-    The model writes k/v in place; the cache owns the lengths.
+    The model writes k/v in place; the cache owns the lengths. An int8 cache's rows hold
+    head_dim values and then their float32 scale (4 bytes; kernels.reference.kv_int8_rows).
     """
 
     def __init__(self, num_layers: int, max_sequences: int, num_kv_heads: int, capacity: int,
                  head_dim: int, dtype: np.dtype = np.float32):
-        shape = (num_layers, max_sequences, num_kv_heads, capacity, head_dim)
-        self.k = _untouched_zeros(shape, dtype)  # (layers, slots, kv_heads, capacity, head_dim)
+        row = head_dim + KV_SCALE_BYTES if np.dtype(dtype) == np.int8 else head_dim
+        shape = (num_layers, max_sequences, num_kv_heads, capacity, row)
+        self.k = _untouched_zeros(shape, dtype)  # (layers, slots, kv_heads, capacity, row)
         self.v = _untouched_zeros(shape, dtype)  # same as k
         self.capacity = capacity
         self.lengths = np.zeros(max_sequences, dtype=np.int64)  # (slots,) tokens held

@@ -22,10 +22,12 @@ from .ops import (
     softmax,
     swiglu,
     to_half,
+    to_kv_int8,
 )
 
 __all__ = [
     "FORMATS", "FormatSpec", "PackedWeight", "activation", "add_", "attention", "get_isa",
     "get_num_threads", "layer_norm", "linear", "pack", "pack_quantized", "parse_format",
     "rms_norm", "rope", "set_isa", "set_num_threads", "softmax", "swiglu", "to_half",
+    "to_kv_int8",
 ]

@@ -86,7 +86,8 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np
               positions: np.ndarray, scale: float, window: int | None = None) -> np.ndarray:
     """Causal grouped-query attention of T query tokens over a KV cache.
 
-    q: (T, H, hd); k_cache, v_cache: (slots, KV, capacity, hd), float32 or float16, holding
+    q: (T, H, hd); k_cache, v_cache: (slots, KV, capacity, hd), float32 or float16 (or int8
+    rows of hd + 4, see reference.kv_int8_rows), holding
     positions 0..p of each sequence; token t (sequence slots[t], position positions[t]) attends
     to keys 0..p (the last `window` of them with a sliding window) -> (T, H, hd).
     """
@@ -115,6 +116,14 @@ def set_num_threads(n: int) -> None:
 
 def get_num_threads() -> int:
     return native().get_num_threads()
+
+
+def to_kv_int8(x: np.ndarray) -> np.ndarray:
+    """Rows of x (n, hd) as the native int8 KV cache stores them -> int8 (n, hd + 4)."""
+    x = _f32(x)
+    out = np.empty((x.shape[0], x.shape[1] + 4), dtype=np.int8)
+    native().to_kv_int8(x, out)
+    return out
 
 
 def to_half(x: np.ndarray) -> np.ndarray:

@@ -122,6 +122,22 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return xq, scale
 
 
+def kv_int8_rows(x: np.ndarray) -> np.ndarray:
+    """Int8 KV-cache rows of x (..., hd): each vector quantized like a W8A8 activation, its
+    float32 scale in the 4 bytes after its values -> int8 (..., hd + 4)."""
+    x = np.asarray(x, dtype=np.float32)
+    xq, scale = quantize_activations(x.reshape(-1, x.shape[-1]))
+    rows = np.concatenate([xq, scale.reshape(-1, 1).view(np.int8)], axis=1)
+    return rows.reshape(*x.shape[:-1], x.shape[-1] + 4)
+
+
+def kv_dequantize(rows: np.ndarray) -> np.ndarray:
+    """Int8 KV-cache rows (..., hd + 4) -> the float32 values (..., hd) attention multiplies."""
+    rows = np.ascontiguousarray(rows)
+    scale = rows[..., -4:].copy().view(np.float32)
+    return rows[..., :-4].astype(np.float32) * scale
+
+
 def linear(x: np.ndarray, p: PackedWeight) -> np.ndarray:
     """Reference y = x @ W.T for x (T, in) -> (T, out) fp32."""
     x = np.asarray(x, dtype=np.float32)
