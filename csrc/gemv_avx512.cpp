@@ -43,6 +43,8 @@ inline __m256i reduce8(const __m512i* acc) {
                           _mm256_permute2x128_si256(s0123, s4567, 0x31));
 }
 
+// Row by row, for the bitmask kernel: load64(r) yields the offset weights of row r's next 64
+// columns, one vpdpbusd per token multiplies them, and reduce8 sums each token's 16 lanes.
 template <class Load64>
 inline void vnni_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                       int64_t r1, Load64 load64) {

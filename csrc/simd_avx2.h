@@ -60,7 +60,7 @@ inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ld
     for (int t = 0; t < NT; ++t)
       for (int i = 0; i < A; ++i) s[t][i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < kp; k += 8 * A) {
-      if constexpr (NT > 1 || A == 4)  // see tiles.h; int8 W8A16 at T == 1: 0.95x without
+      if constexpr (NT > 1 || A == 4)  // see tiles.h; int8 W8A16 at T == 1: 0.92x without
         for (int64_t b = 0; b < 8 * A * int64_t(sizeof(V)); b += 64)
           prefetch_ahead(reinterpret_cast<const char*>(row + k) + b);
       __m256 wv[A];

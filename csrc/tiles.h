@@ -21,7 +21,7 @@ using Nt = std::integral_constant<int, N>;
 // for sparse_int8_a8, counted with callgrind), and a call per row cost ~60 instructions of
 // setup on 576-column rows. GCC (with LTO) still calls the AVX-512 sparse int4 rows once per row
 // here unless their lambda is marked always_inline, which they are: 1.33x (W4A8) and 1.1-1.2x
-// (W4A16) at 8 tokens on 576-column rows, the same at 1 (W8A8's rows: 0.97x, left alone).
+// (W4A16) at 8 tokens on 576-column rows, the same at 1 (bitmask W8A8's rows: 0.97x, left alone).
 template <int NT, class Row>
 [[gnu::noinline]] void call_tile(Row& row, int64_t ra, int64_t rz, int64_t t0) {
   for (int64_t r = ra; r < rz; ++r) row(Nt<NT>{}, r, t0);
