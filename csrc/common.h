@@ -172,6 +172,13 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 }  // namespace avx512
 
+// Dynamic symmetric int8 of one row (W8A8 activations, int8 KV-cache rows) on the active ISA;
+// the AVX2 twin takes 32 values at a time, so other lengths go to the (identical) scalar one.
+inline void quantize_int8_row(const float* x, int64_t n, int8_t* q, float* scale) {
+  if (use_avx2() && n % 32 == 0) avx2::quantize_row(x, n, q, scale);
+  else scalar::quantize_row(x, n, q, scale);
+}
+
 // Half / bfloat16 <-> float, portable. float_to_half rounds to nearest even, like F16C's
 // vcvtps2ph and NumPy's astype(float16) (overflow -> inf).
 float half_to_float(uint16_t h);

@@ -75,10 +75,6 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(panel, size_t(num_threads() * kPanelRows * kp));
 }
 
-static void quantize(const float* x, int64_t n, int8_t* q, float* scale) {
-  if (use_avx2()) avx2::quantize_row(x, n, q, scale); else scalar::quantize_row(x, n, q, scale);
-}
-
 // Below this many weight x token products a parallel region costs more than it saves (fork/join
 // is microseconds, and much worse when the cores are oversubscribed), so run on one thread.
 // (GEMM: 16x more, as its work per weight byte is compute, not a DRAM stream.)
@@ -113,7 +109,7 @@ static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t k
   if (int8)
     for (int64_t t = 0; t < T; ++t) {
       int8_t* q = s.xq.data() + t * kp;
-      quantize(xp + t * kp, kp, q, &s.xscale[t]);
+      quantize_int8_row(xp + t * kp, kp, q, &s.xscale[t]);
       if (use_avx512()) s.xsum[t] = std::accumulate(q, q + kp, int32_t(0));  // read by them only
     }
 }

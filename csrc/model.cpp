@@ -71,8 +71,7 @@ void NativeModel::attention_block(const LayerWeights& w, int64_t layer, const in
   apply_rope(k_.data(), T, KV, hd, c.rotary_dim, KV * hd, cos_.data(), sin_.data());
 
   // Append this step's keys/values: cache[layer, slot, kvh, pos, :] (layout (L, S, KV, cap, row)).
-  const int64_t row = cache.type == KvType::I8 ? kv_row<int8_t>(hd)
-                      : cache.type == KvType::F16 ? 2 * hd : 4 * hd;  // bytes
+  const int64_t row = kv_row_bytes(cache.type, hd);
   const int64_t layer_bytes = cache.slots * KV * cache.capacity * row;
   char* kc = static_cast<char*>(cache.k) + layer * layer_bytes;
   char* vc = static_cast<char*>(cache.v) + layer * layer_bytes;

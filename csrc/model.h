@@ -43,8 +43,7 @@ struct LayerWeights {
   const float *bgate = nullptr, *bup = nullptr, *bdown = nullptr;
 };
 
-// KV cache views: (layers, slots, kv_heads, capacity, head_dim), fp32 or (f16) IEEE half,
-// written in place.
+// KV cache views, written in place: fp32, IEEE half or int8 rows with their scales (ops.h).
 struct KVCache {
   void* k = nullptr;  // (layers, slots, kv_heads, capacity, kv_row(head_dim)) of type `type`
   void* v = nullptr;

@@ -50,7 +50,7 @@ KVCache kv_cache_of(const py::array& k, const py::array& v, int64_t slots, int64
   const auto [kp, kt] = kv_ptr(k, "k_cache");
   const auto [vp, vt] = kv_ptr(v, "v_cache");
   if (kt != vt) throw std::invalid_argument("k_cache and v_cache must have the same dtype");
-  const int64_t row = kt == KvType::I8 ? kv_row<int8_t>(head_dim) : head_dim;
+  const int64_t row = kv_row_bytes(kt, head_dim) / k.itemsize();
   if (k.shape(k.ndim() - 1) != row)
     throw std::invalid_argument("KV cache rows must hold " + std::to_string(row) +
                                 " elements (head_dim" +

@@ -175,8 +175,7 @@ void to_half(const float* x, uint16_t* out, int64_t n) {
 
 void to_kv_int8(const float* x, int64_t hd, int8_t* row) {
   float scale;
-  if (use_avx2() && hd % 32 == 0) avx2::quantize_row(x, hd, row, &scale);  // (needs 32k values)
-  else scalar::quantize_row(x, hd, row, &scale);
+  quantize_int8_row(x, hd, row, &scale);
   __builtin_memcpy(row + hd, &scale, sizeof scale);
 }
 

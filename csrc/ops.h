@@ -53,6 +53,10 @@ template <typename KV>
 constexpr int64_t kv_row(int64_t hd) {
   return std::is_same_v<KV, int8_t> ? hd + kKvScaleBytes : hd;
 }
+// Bytes per cache row of hd values.
+inline int64_t kv_row_bytes(KvType t, int64_t hd) {
+  return t == KvType::I8 ? kv_row<int8_t>(hd) : t == KvType::F16 ? 2 * hd : 4 * hd;
+}
 inline float kv_scale(const int8_t* row, int64_t hd) {
   float s;
   __builtin_memcpy(&s, row + hd, sizeof s);

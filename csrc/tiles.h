@@ -44,9 +44,9 @@ inline void run_tile(int64_t n, Row& row, int64_t ra, int64_t rz, int64_t t0) {
 // 1.0x and 1.5-1.7x (96 matrices of SmolLM2 shapes, 2 threads). 2 KB ahead was too short, 8
 // and 16 KB did the same. The AVX2 int4 and sparse kernels are compute-bound and gained
 // nothing. At T == 1 it depends on the kernel: decode of the bitmask W8A8 model is 1.08x faster
-// with it, but the dense kernels stream faster without it (fp32 decode 1.23-1.25x, the
-// 16-row-block W8A8 kernels 1.11x over the model's matrices in their huge-page block), so those
-// prefetch only for tiles of several tokens.
+// with it, and int8 W8A16 1.09x, but fp32/fp16/bf16 rows and the 16-row-block W8A8 kernels
+// stream faster without it (fp32 decode 1.23-1.25x, W8A8 1.11x over the model's matrices in
+// their huge-page block), so those prefetch only for tiles of several tokens.
 constexpr int64_t kPrefetchAhead = 8192;
 
 inline void prefetch_ahead(const void* p) {

@@ -7,7 +7,7 @@ import mmap
 
 import numpy as np
 
-KV_SCALE_BYTES = 4  # an int8 row's float32 scale, after its values
+from ..kernels.formats import KV_SCALE_BYTES
 
 
 class KVCache:

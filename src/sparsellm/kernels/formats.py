@@ -39,6 +39,7 @@ _VALUE_PAD = 64  # bytes after sparse values: SIMD kernels may read up to 32 byt
 # C++ sl::Fmt ids (csrc/common.h)
 _F32, _F16, _BF16, _I8, _I4, _SP_F32, _SP_I8, _SP_I4, _S24_I8, _I8_R16 = range(10)
 ROW_BLOCK = 16  # rows per block of the int8_a8 layout
+KV_SCALE_BYTES = 4  # an int8 KV-cache row: head_dim values, then their float32 scale
 
 
 @dataclass(frozen=True)

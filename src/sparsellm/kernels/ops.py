@@ -6,7 +6,7 @@ import numpy as np
 
 from ..models.decoder import ACTIVATIONS
 from ._ext import native
-from .formats import PackedWeight
+from .formats import KV_SCALE_BYTES, PackedWeight
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -121,7 +121,7 @@ def get_num_threads() -> int:
 def to_kv_int8(x: np.ndarray) -> np.ndarray:
     """Rows of x (n, hd) as the native int8 KV cache stores them -> int8 (n, hd + 4)."""
     x = _f32(x)
-    out = np.empty((x.shape[0], x.shape[1] + 4), dtype=np.int8)
+    out = np.empty((x.shape[0], x.shape[1] + KV_SCALE_BYTES), dtype=np.int8)
     native().to_kv_int8(x, out)
     return out
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..models import decoder
-from .formats import _SLOT_CHUNK, PackedWeight, _unpack_row_blocks
+from .formats import _SLOT_CHUNK, KV_SCALE_BYTES, PackedWeight, _unpack_row_blocks
 
 
 def _unpack_bitmask(p: PackedWeight, values: np.ndarray) -> np.ndarray:
@@ -128,14 +128,14 @@ def kv_int8_rows(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     xq, scale = quantize_activations(x.reshape(-1, x.shape[-1]))
     rows = np.concatenate([xq, scale.reshape(-1, 1).view(np.int8)], axis=1)
-    return rows.reshape(*x.shape[:-1], x.shape[-1] + 4)
+    return rows.reshape(*x.shape[:-1], x.shape[-1] + KV_SCALE_BYTES)
 
 
 def kv_dequantize(rows: np.ndarray) -> np.ndarray:
     """Int8 KV-cache rows (..., hd + 4) -> the float32 values (..., hd) attention multiplies."""
     rows = np.ascontiguousarray(rows)
-    scale = rows[..., -4:].copy().view(np.float32)
-    return rows[..., :-4].astype(np.float32) * scale
+    scale = rows[..., -KV_SCALE_BYTES:].copy().view(np.float32)
+    return rows[..., :-KV_SCALE_BYTES].astype(np.float32) * scale
 
 
 def linear(x: np.ndarray, p: PackedWeight) -> np.ndarray:
