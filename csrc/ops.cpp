@@ -15,7 +15,7 @@ namespace scalar {
 // its value's scale (the AVX2 twin does the same).
 template <typename KV>
 void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
-            float scale, float* sc, float* o) {
+            float scale, float* sc, float* o, const KvPrefetch&) {
   constexpr bool i8 = std::is_same_v<KV, int8_t>;
   const int64_t ld = kv_row<KV>(hd);
   for (int64_t g = 0; g < G; ++g, q += hd, sc += n, o += hd) {
@@ -35,11 +35,11 @@ void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int6
 }
 
 template void attend<float>(const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                            float, float*, float*);
+                            float, float*, float*, const KvPrefetch&);
 template void attend<uint16_t>(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t,
-                               int64_t, float, float*, float*);
+                               int64_t, float, float*, float*, const KvPrefetch&);
 template void attend<int8_t>(const float*, const int8_t*, const int8_t*, int64_t, int64_t,
-                             int64_t, float, float*, float*);
+                             int64_t, float, float*, float*, const KvPrefetch&);
 
 void to_half(const float* x, uint16_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_half(x[i]);
@@ -201,19 +201,37 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
   for (int64_t t = 0; t < s.T; ++t) keys += pos[t] + 1;
   const int64_t tasks_per_token = s.H / per_task, tasks = s.T * tasks_per_token;
   const int64_t chunk = std::max<int64_t>(1, 4 / per_task);
+  struct Span {
+    int64_t t, h, n, kv;  // token, first head, keys, offset of its first key in the layer
+  };
+  const auto locate = [&](int64_t task) {
+    const int64_t t = task / tasks_per_token, h = task % tasks_per_token * per_task;
+    const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos[t] - s.window + 1) : 0;
+    return Span{t, h, pos[t] + 1 - first,
+                ((slots[t] * s.KV + h / group) * s.cap + first) * kv_row<KV>(s.hd)};
+  };
+  // Keys that no earlier token of this call read, which come from DRAM: each token's in a
+  // batch's decode step, only the first token's in a prefill or a verification (tokens of a
+  // sequence are adjacent, and the later ones find the keys the earlier ones brought in).
+  const auto cold = [&](int64_t t) { return t == 0 || slots[t] != slots[t - 1]; };
   std::atomic<int64_t> next{0};
   parallel(keys * s.H * s.hd >= (int64_t(1) << 14), [&](int id, int) {
     float* sc = scores.data() + id * per_task * s.cap;
-    for (int64_t c0; (c0 = next.fetch_add(chunk, std::memory_order_relaxed)) < tasks;)
-      for (int64_t task = c0; task < std::min(tasks, c0 + chunk); ++task) {
-        const int64_t t = task / tasks_per_token, h = task % tasks_per_token * per_task;
-        const int64_t p = pos[t];
-        const int64_t first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
-        const int64_t n = p + 1 - first;
-        const int64_t kv = ((slots[t] * s.KV + h / group) * s.cap + first) * kv_row<KV>(s.hd);
-        attend(q + t * ldq + h * s.hd, kc + kv, vc + kv, per_task, n, s.hd, s.scale, sc,
-               out + t * ldo + h * s.hd);
+    int64_t task = next.fetch_add(chunk, std::memory_order_relaxed), end = task + chunk;
+    while (task < tasks) {
+      // Claimed one task ahead, so that this one can prefetch what that one reads.
+      int64_t after = task + 1;
+      if (after == end) end = (after = next.fetch_add(chunk, std::memory_order_relaxed)) + chunk;
+      const Span a = locate(task);
+      KvPrefetch pf;
+      if (after < tasks && per_task == group) {  // (tasks of single heads share their keys)
+        const Span b = locate(after);
+        if (cold(b.t)) pf = {kc + b.kv, vc + b.kv, b.n * kv_row<KV>(s.hd) * int64_t(sizeof(KV))};
       }
+      attend(q + a.t * ldq + a.h * s.hd, kc + a.kv, vc + a.kv, per_task, a.n, s.hd, s.scale, sc,
+             out + a.t * ldo + a.h * s.hd, pf);
+      task = after;
+    }
   });
 }
 
