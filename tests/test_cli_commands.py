@@ -65,6 +65,17 @@ def test_errors_exit_2_with_one_clear_line(args, message, tiny_llama_dir):
     assert lines[0].startswith("sparsellm generate: error: ") and message in lines[0]
 
 
+def test_serve_engine_flags_go_with_model_path(tmp_path, tiny_llama_dir):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"endpoints: [{{model: {tiny_llama_dir}}}]\n")
+    r = sparsellm("serve", "--config-file", str(config), "--kv-cache-dtype", "int8",
+                  "--draft-model", str(tiny_llama_dir))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "sparsellm serve: error: --kv-cache-dtype, --draft-model go with --model_path; with "
+        "--config-file set them per endpoint (task, kwargs)"]
+
+
 def test_bin_weights_error(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80")
     r = sparsellm("generate", str(tmp_path / "pytorch_model.bin"), "hi")

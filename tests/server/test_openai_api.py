@@ -182,3 +182,22 @@ def test_health_docs_and_playground(server):
             "/v1/models"} <= set(spec["paths"])
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "sparsellm playground" in page.text
+
+
+def test_command_line_engine_settings(start_server, tiny_llama_dir):
+    """`serve --model_path` takes generate's engine flags (here converted weights, an int8 KV
+    cache and two batch slots) and serves what a pipeline with the same settings generates."""
+    from sparsellm import TextGeneration
+
+    settings = ["--sequence-length", "256", "--weights", "int8_a8", "--kv-cache-dtype", "int8"]
+    srv = start_server(["--model_path", str(tiny_llama_dir), "--max-concurrent-requests", "2",
+                        *settings])
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    [model] = [m.id for m in client.models.list()]
+    out = client.completions.create(model=model, prompt="def fib(n):", max_tokens=8,
+                                    temperature=0, extra_body={"ignore_eos": True})
+    pipeline = TextGeneration(tiny_llama_dir, sequence_length=256, weights="int8_a8",
+                              kv_cache_dtype="int8", max_generated_tokens=8,
+                              force_max_tokens=True)
+    assert out.choices[0].text == pipeline("def fib(n):").sequences[0]
+

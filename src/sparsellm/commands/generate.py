@@ -10,26 +10,42 @@ from ..models import DEFAULT_MODEL
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """Engine settings shared by `generate` and `serve`; unset ones are None (engine_kwargs)."""
     p.add_argument("--sequence-length", type=int, default=None,
                    help="tokens per sequence, prompt + generated (default: an exported "
                    "deployment's, else 1024)")
-    p.add_argument("--prompt-processing-sequence-length", type=int, default=64,
+    p.add_argument("--prompt-processing-sequence-length", type=int, default=None,
                    help="prompt tokens processed per step (default 64)")
     p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
     p.add_argument("--weights", default=None, metavar="FORMAT",
                    help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8) "
                    "instead of running the checkpoint's declared formats")
-    p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16", "int8"], default="fp32",
+    p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16", "int8"], default=None,
                    help="KV-cache storage (fp16 / int8: a half / a quarter of the memory; "
                         "default fp32)")
     p.add_argument("--draft-model", default=None,
                    help="draft model for speculative decoding (same tokenizer, smaller or "
                         "compressed)")
-    p.add_argument("--num-speculative-tokens", type=int, default=4,
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
                    help="tokens the draft proposes per step (default 4)")
-    p.add_argument("--adaptive-speculation", action="store_true",
+    p.add_argument("--adaptive-speculation", action="store_true", default=None,
                    help="draft fewer tokens while drafts get rejected (up to "
                         "--num-speculative-tokens)")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The add_engine_arguments given, as TextGeneration keyword arguments."""
+    kwargs = dict(
+        sequence_length=args.sequence_length,
+        prompt_processing_sequence_length=args.prompt_processing_sequence_length,
+        num_cores=args.num_cores,
+        weights=args.weights,
+        kv_cache_dtype=args.kv_cache_dtype,
+        draft_model_path=args.draft_model,
+        num_speculative_tokens=args.num_speculative_tokens,
+        adaptive_speculation=args.adaptive_speculation,
+    )
+    return {k: v for k, v in kwargs.items() if v is not None}
 
 
 def add_generation_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,19 +93,8 @@ def main(args: argparse.Namespace) -> int:
     if len(args.inputs) > 2:
         raise ValueError("expected [MODEL] PROMPT (quote a prompt that has spaces)")
     model, prompt = (DEFAULT_MODEL, args.inputs[0]) if len(args.inputs) == 1 else args.inputs
-    pipeline = TextGeneration(
-        model,
-        sequence_length=args.sequence_length,
-        prompt_processing_sequence_length=args.prompt_processing_sequence_length,
-        batch_size=1,
-        num_cores=args.num_cores,
-        weights=args.weights,
-        kv_cache_dtype=args.kv_cache_dtype,
-        draft_model_path=args.draft_model,
-        num_speculative_tokens=args.num_speculative_tokens,
-        adaptive_speculation=args.adaptive_speculation,
-        **generation_kwargs(args),
-    )
+    pipeline = TextGeneration(model, batch_size=1, **engine_kwargs(args),
+                              **generation_kwargs(args))
     messages = None
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \

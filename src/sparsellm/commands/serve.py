@@ -1,6 +1,7 @@
 """`sparsellm serve`: an HTTP server with DeepSparse's /predict and an OpenAI-compatible API.
 
     sparsellm serve --task text-generation --model_path smollm2-135m-instruct   # 127.0.0.1:5543
+    sparsellm serve --model_path ./pruned50-quant --kv-cache-dtype int8 --max-concurrent-requests 8
     sparsellm serve --config-file config.yaml
 """
 
@@ -11,6 +12,7 @@ import logging
 import os
 
 from ..models import DEFAULT_MODEL
+from .generate import add_engine_arguments, engine_kwargs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,16 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequences generated together per model = engine batch slots (default 4)")
     p.add_argument("--max-queue", type=int, default=None,
                    help="requests waiting for a slot per model before 429s (default 64)")
-    p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
-    p.add_argument("--sequence-length", type=int, default=None,
-                   help="tokens per sequence, prompt + generated (default: an exported "
-                   "deployment's, else 1024)")
     p.add_argument("--max-request-bytes", type=int, default=None,
                    help="largest request body accepted (default 1 MiB)")
     p.add_argument("--drain-timeout", type=float, default=None,
                    help="seconds SIGTERM waits for in-flight requests (default 30)")
     p.add_argument("--log-level", default=None,
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_engine_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -53,15 +52,16 @@ def main(args: argparse.Namespace) -> int:
         num_cores=args.num_cores, log_level=args.log_level,
         max_request_bytes=args.max_request_bytes, drain_timeout=args.drain_timeout,
     )
+    engine = engine_kwargs(args)
+    engine.pop("num_cores", None)  # a server setting (overrides above), for every endpoint
     if args.config_file is None or args.model_path is not None:
-        endpoint: dict = {"task": args.task or "text-generation",
-                          "model": args.model_path or DEFAULT_MODEL}
-        if args.sequence_length is not None:
-            endpoint["kwargs"] = {"sequence_length": args.sequence_length}
-        overrides["endpoints"] = [endpoint]
-    elif args.task is not None or args.sequence_length is not None:
-        raise ValueError("--task/--sequence-length go with --model_path; with --config-file "
-                         "set them per endpoint")
+        overrides["endpoints"] = [{"task": args.task or "text-generation",
+                                   "model": args.model_path or DEFAULT_MODEL, "kwargs": engine}]
+    elif args.task is not None or engine:
+        given = ["--task"] * (args.task is not None) + \
+            ["--" + k.removesuffix("_path").replace("_", "-") for k in engine]
+        raise ValueError(f"{', '.join(given)} go with --model_path; with --config-file set "
+                         "them per endpoint (task, kwargs)")
     config = ServerConfig.load(args.config_file, **overrides)
     logging.basicConfig(level=config.log_level.upper() if config.log_level != "trace"
                         else "DEBUG", format="%(levelname)s:     %(name)s: %(message)s")
