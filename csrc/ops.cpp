@@ -15,7 +15,7 @@ namespace scalar {
 // its value's scale (the AVX2 twin does the same).
 template <typename KV>
 void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
-            float scale, float* sc, float* o, const KvPrefetch&) {
+            float scale, float* sc, float* o, const KvPrefetch&, MaxSum* part) {
   constexpr bool i8 = std::is_same_v<KV, int8_t>;
   const int64_t ld = kv_row<KV>(hd);
   for (int64_t g = 0; g < G; ++g, q += hd, sc += n, o += hd) {
@@ -25,7 +25,8 @@ void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int6
       if constexpr (i8) s *= kv_scale(K + j * ld, hd);
       sc[j] = s * scale;
     }
-    softmax_inplace(sc, n);
+    if (part) part[g] = exp_inplace(sc, n);
+    else softmax_inplace(sc, n);
     if constexpr (i8)
       for (int64_t j = 0; j < n; ++j) sc[j] *= kv_scale(V + j * ld, hd);
     std::fill(o, o + hd, 0.f);
@@ -35,11 +36,11 @@ void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int6
 }
 
 template void attend<float>(const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                            float, float*, float*, const KvPrefetch&);
+                            float, float*, float*, const KvPrefetch&, MaxSum*);
 template void attend<uint16_t>(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t,
-                               int64_t, float, float*, float*, const KvPrefetch&);
+                               int64_t, float, float*, float*, const KvPrefetch&, MaxSum*);
 template void attend<int8_t>(const float*, const int8_t*, const int8_t*, int64_t, int64_t,
-                             int64_t, float, float*, float*, const KvPrefetch&);
+                             int64_t, float, float*, float*, const KvPrefetch&, MaxSum*);
 
 void to_half(const float* x, uint16_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_half(x[i]);
@@ -56,12 +57,16 @@ void swiglu(const float* g, const float* u, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
-void softmax_inplace(float* x, int64_t n) {
+MaxSum exp_inplace(float* x, int64_t n) {
   float m = -INFINITY;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
   float s = 0.f;
   for (int64_t i = 0; i < n; ++i) s += (x[i] = std::exp(x[i] - m));
-  const float inv = 1.0f / s;
+  return {m, s};
+}
+
+void softmax_inplace(float* x, int64_t n) {
+  const float inv = 1.0f / exp_inplace(x, n).sum;
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
@@ -179,44 +184,87 @@ void to_kv_int8(const float* x, int64_t hd, int8_t* row) {
   __builtin_memcpy(row + hd, &scale, sizeof scale);
 }
 
+// One head's partial attentions over parts of its keys -> out (hd): part p's output is at
+// o + p * stride * hd and its MaxSum at ms[p * stride]. out = sum_p w_p o_p / sum_p w_p sum_p,
+// w_p = exp(max_p - the largest max) (empty parts skipped).
+static void merge_parts(const float* o, const MaxSum* ms, int64_t parts, int64_t stride,
+                        int64_t hd, float* out) {
+  float m = -INFINITY;
+  for (int64_t p = 0; p < parts; ++p)
+    if (ms[p * stride].sum > 0) m = std::max(m, ms[p * stride].max);
+  float total = 0.f;
+  std::fill(out, out + hd, 0.f);
+  for (int64_t p = 0; p < parts; ++p) {
+    const MaxSum part = ms[p * stride];
+    if (!(part.sum > 0)) continue;
+    const float w = std::exp(part.max - m);
+    total += w * part.sum;
+    for (int64_t i = 0; i < hd; ++i) out[i] += w * o[p * stride * hd + i];
+  }
+  const float inv = 1.0f / total;
+  for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
+}
+
 template <typename KV>
 static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc,
                          const int64_t* slots, const int64_t* pos, const AttnShape& s, float* out,
-                         int64_t ldo, AlignedVector<float>& scores) {
+                         int64_t ldo, AlignedVector<float>& scratch) {
   const auto attend = use_avx2() ? avx2::attend<KV> : scalar::attend<KV>;
-  const int64_t group = s.H / s.KV;
+  const int64_t nt = num_threads(), group = s.H / s.KV, groups = s.T * s.KV;
+  const auto first_key = [&](int64_t t) {
+    return s.window > 0 ? std::max<int64_t>(0, pos[t] - s.window + 1) : 0;
+  };
+  int64_t keys = 0, longest = 0;
+  for (int64_t t = 0; t < s.T; ++t) {
+    keys += pos[t] + 1 - first_key(t);
+    longest = std::max(longest, pos[t] + 1 - first_key(t));
+  }
   // A task is one token's query heads that share a KV head, so each key and value is loaded
   // once for all of them (SmolLM2's 3 per KV head: 1.18x hot for 8 tokens, 512-token prefill
-  // 1.19x end to end); a task per head when there are too few groups to keep the threads busy
-  // (a single sequence's decode step: 3 groups for 2 threads).
-  const int64_t per_task = s.T * s.KV >= 4 * num_threads() ? group : 1;
-  if (int64_t(scores.size()) < num_threads() * per_task * s.cap)
-    scores.resize(size_t(num_threads() * per_task * s.cap));
-  // Causal prefill tasks differ in length -> handed out in chunks of ~4 heads from a shared
-  // counter. Work ~ T * H * keys * hd. Split across threads from 2^14 (SmolLM2: 29+ keys): a
-  // fork/join of the pool costs a few microseconds, and one sequence's decode step over 96 /
-  // 160 keys took 9.6 / 14.8 us per layer on one thread, 6.8-7.6 / 9.5-10.5 on two (2^17
-  // before). Only a decode step over a very short context stays on one thread.
-  int64_t keys = 0;
-  for (int64_t t = 0; t < s.T; ++t) keys += pos[t] + 1;
-  const int64_t tasks_per_token = s.H / per_task, tasks = s.T * tasks_per_token;
-  const int64_t chunk = std::max<int64_t>(1, 4 / per_task);
+  // 1.19x end to end). A decode step of one or two sequences has too few of those to keep the
+  // threads busy (SmolLM2: 3 for 2 threads), so each one's keys are split into parts (flash-
+  // decoding): about 8 tasks per thread, a number the threads share evenly, none under
+  // kPartKeys keys; merge_parts combines their softmax pieces. SmolLM2 50% W8A8 decode after a
+  // 400 / 1536-token prompt: 1.10x / 1.19x. Over fewer keys, a task is one head (the heads of
+  // a group find their keys in L2).
+  constexpr int64_t kPartKeys = 128;
+  int64_t parts = 1;
+  if (nt > 1 && groups < 4 * nt) {
+    parts = (8 * nt + groups - 1) / groups;
+    while (groups * parts % nt) ++parts;
+    parts = std::min(parts, (longest + kPartKeys - 1) / kPartKeys);
+    while (parts > 1 && groups * parts % nt) --parts;
+  }
+  const int64_t per_task = groups >= 4 * nt || parts > 1 ? group : 1;
+  const int64_t tasks_per_token = s.H / per_task * parts, tasks = s.T * tasks_per_token;
+  // scratch: per thread the scores of a task; with parts, their outputs and MaxSums.
+  const int64_t nsc = nt * per_task * s.cap, nparts = parts > 1 ? tasks * per_task : 0;
+  if (int64_t(scratch.size()) < nsc + nparts * (s.hd + 2))
+    scratch.resize(size_t(nsc + nparts * (s.hd + 2)));
+  float* o_parts = scratch.data() + nsc;
+  MaxSum* ms_parts = reinterpret_cast<MaxSum*>(o_parts + nparts * s.hd);
   struct Span {
     int64_t t, h, n, kv;  // token, first head, keys, offset of its first key in the layer
   };
   const auto locate = [&](int64_t task) {
-    const int64_t t = task / tasks_per_token, h = task % tasks_per_token * per_task;
-    const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos[t] - s.window + 1) : 0;
-    return Span{t, h, pos[t] + 1 - first,
-                ((slots[t] * s.KV + h / group) * s.cap + first) * kv_row<KV>(s.hd)};
+    const int64_t t = task / tasks_per_token, r = task % tasks_per_token;
+    const int64_t h = r / parts * per_task, part = r % parts, n = pos[t] + 1 - first_key(t);
+    const int64_t k0 = first_key(t) + n * part / parts, k1 = first_key(t) + n * (part + 1) / parts;
+    return Span{t, h, k1 - k0, ((slots[t] * s.KV + h / group) * s.cap + k0) * kv_row<KV>(s.hd)};
   };
   // Keys that no earlier token of this call read, which come from DRAM: each token's in a
   // batch's decode step, only the first token's in a prefill or a verification (tokens of a
   // sequence are adjacent, and the later ones find the keys the earlier ones brought in).
   const auto cold = [&](int64_t t) { return t == 0 || slots[t] != slots[t - 1]; };
+  // Causal prefill tasks differ in length -> handed out in chunks of ~4 heads from a shared
+  // counter. Work ~ T * H * keys * hd. Split across threads from 2^14 (SmolLM2: 29+ keys): a
+  // fork/join of the pool costs a few microseconds, and one sequence's decode step over 96 /
+  // 160 keys took 9.6 / 14.8 us per layer on one thread, 6.8-7.6 / 9.5-10.5 on two (2^17
+  // before). Only a decode step over a very short context stays on one thread.
+  const int64_t chunk = std::max<int64_t>(1, 4 / per_task / parts);
   std::atomic<int64_t> next{0};
   parallel(keys * s.H * s.hd >= (int64_t(1) << 14), [&](int id, int) {
-    float* sc = scores.data() + id * per_task * s.cap;
+    float* sc = scratch.data() + id * per_task * s.cap;
     int64_t task = next.fetch_add(chunk, std::memory_order_relaxed), end = task + chunk;
     while (task < tasks) {
       // Claimed one task ahead, so that this one can prefetch what that one reads.
@@ -228,11 +276,26 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
         const Span b = locate(after);
         if (cold(b.t)) pf = {kc + b.kv, vc + b.kv, b.n * kv_row<KV>(s.hd) * int64_t(sizeof(KV))};
       }
-      attend(q + a.t * ldq + a.h * s.hd, kc + a.kv, vc + a.kv, per_task, a.n, s.hd, s.scale, sc,
-             out + a.t * ldo + a.h * s.hd, pf);
+      const float* qa = q + a.t * ldq + a.h * s.hd;
+      if (parts == 1)
+        attend(qa, kc + a.kv, vc + a.kv, per_task, a.n, s.hd, s.scale, sc,
+               out + a.t * ldo + a.h * s.hd, pf, nullptr);
+      else if (a.n > 0)
+        attend(qa, kc + a.kv, vc + a.kv, per_task, a.n, s.hd, s.scale, sc,
+               o_parts + task * per_task * s.hd, pf, ms_parts + task * per_task);
+      else
+        for (int64_t g = 0; g < per_task; ++g) ms_parts[task * per_task + g] = {0.f, 0.f};
       task = after;
     }
   });
+  if (parts == 1) return;
+  // Tasks are (token, block of heads, part) in that order; head h is h % per_task of its block.
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t h = 0; h < s.H; ++h) {
+      const int64_t i = (t * tasks_per_token + h / per_task * parts) * per_task + h % per_task;
+      merge_parts(o_parts + i * s.hd, ms_parts + i, parts, per_task, s.hd,
+                  out + t * ldo + h * s.hd);
+    }
 }
 
 void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,

@@ -81,6 +81,11 @@ void attention(const float* q, int64_t ldq, const void* kc, const void* vc, cons
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
                AlignedVector<float>& scores);
 
+// x = exp(x - max) in place -> {max, sum of the new x}: softmax_inplace before its division.
+struct MaxSum {
+  float max, sum;
+};
+
 // The keys and values the next attend() call of this thread reads, `bytes` from k and from v.
 // A batch's caches are cold (the layer's weights went through the caches since), so attend()
 // streams them into L2 while it computes (the AVX2 kernel; the scalar reference ignores it).
@@ -92,24 +97,28 @@ struct KvPrefetch {
 
 // G query heads of one token that share a KV head: o_g = softmax(scale * K q_g) V over n keys;
 // q, o: (G, hd) rows; K, V: n rows of kv_row<KV>(hd), KV = float, uint16_t (IEEE half) or int8_t
-// (with scales), all instantiated; sc: G * n floats.
+// (with scales), all instantiated; sc: G * n floats. With `part` (G x MaxSum) the softmax is
+// left undivided: o_g = sum_j e_gj V[j] with e_gj = exp(s_gj - part[g].max), part[g].sum =
+// sum_j e_gj, so that attention over parts of the keys can be merged (merge_parts).
 namespace scalar {
 template <typename KV>
 void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
-            float scale, float* sc, float* o, const KvPrefetch& next);
+            float scale, float* sc, float* o, const KvPrefetch& next, MaxSum* part);
 void to_half(const float* x, uint16_t* out, int64_t n);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);
 void softmax_inplace(float* x, int64_t n);
+MaxSum exp_inplace(float* x, int64_t n);
 }  // namespace scalar
 namespace avx2 {
 template <typename KV>
 void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
-            float scale, float* sc, float* o, const KvPrefetch& next);
+            float scale, float* sc, float* o, const KvPrefetch& next, MaxSum* part);
 void to_half(const float* x, uint16_t* out, int64_t n);
 void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
 void swiglu(const float* g, const float* u, float* out, int64_t n);
 void softmax_inplace(float* x, int64_t n);
+MaxSum exp_inplace(float* x, int64_t n);
 }  // namespace avx2
 
 }  // namespace sl

@@ -72,7 +72,7 @@ static void head_scores(const float* q, const KV* K, const KV* V, const KvPrefet
   // The next task's keys and values, an equal share of lines per four keys: with them on their
   // way while this task computes, attention over 8 sequences' cold caches (96 keys each, 2
   // threads) ran 1.13-1.27x faster, and SmolLM2 int8_a8 batch-8 decode 1.06x (fp32 and int8
-  // caches) and 1.11x (fp16).
+  // caches) and 1.11x (fp16). (The next part of a long context's keys, too: attention_kv.)
   const int64_t share = next && next->bytes && n >= 4 ? (next->bytes / (n / 4) + 64) & ~int64_t(63) : 0;
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
@@ -152,10 +152,14 @@ static inline void weighted_sums(const float* sc, const KV* V, int64_t n, int64_
 // next: null but for the first block of heads over these keys (the one that prefetches).
 template <int NG, typename KV>
 static void attend_heads(const float* q, const KV* K, const KV* V, int64_t n, int64_t hd,
-                         float scale, float* sc, float* o, const KvPrefetch* next) {
+                         float scale, float* sc, float* o, const KvPrefetch* next,
+                         MaxSum* part) {
   const int64_t ld = kv_row<KV>(hd);
   head_scores<NG>(q, K, next ? V : nullptr, next, n, hd, scale, sc);
-  for (int g = 0; g < NG; ++g) softmax_inplace(sc + g * n, n);
+  for (int g = 0; g < NG; ++g) {
+    if (part) part[g] = exp_inplace(sc + g * n, n);
+    else softmax_inplace(sc + g * n, n);
+  }
   if constexpr (std::is_same_v<KV, int8_t>)  // each weight times its value's scale
     for (int64_t j = 0; j < n; ++j) {
       const float vs = kv_scale(V + j * ld, hd);
@@ -176,26 +180,27 @@ static void attend_heads(const float* q, const KV* K, const KV* V, int64_t n, in
 // Heads in blocks of up to 3 (register budget); a group of 3 (SmolLM2) is one block.
 template <typename KV>
 void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
-            float scale, float* sc, float* o, const KvPrefetch& next) {
+            float scale, float* sc, float* o, const KvPrefetch& next, MaxSum* part) {
   for (int64_t g = 0; g < G;) {
     const int64_t nb = std::min<int64_t>(3, G - g);
     const float* qb = q + g * hd;
     float* ob = o + g * hd;
     float* sb = sc + g * n;
     const KvPrefetch* pf = g == 0 ? &next : nullptr;
-    if (nb == 3) attend_heads<3>(qb, K, V, n, hd, scale, sb, ob, pf);
-    else if (nb == 2) attend_heads<2>(qb, K, V, n, hd, scale, sb, ob, pf);
-    else attend_heads<1>(qb, K, V, n, hd, scale, sb, ob, pf);
+    MaxSum* pb = part ? part + g : nullptr;
+    if (nb == 3) attend_heads<3>(qb, K, V, n, hd, scale, sb, ob, pf, pb);
+    else if (nb == 2) attend_heads<2>(qb, K, V, n, hd, scale, sb, ob, pf, pb);
+    else attend_heads<1>(qb, K, V, n, hd, scale, sb, ob, pf, pb);
     g += nb;
   }
 }
 
 template void attend<float>(const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                            float, float*, float*, const KvPrefetch&);
+                            float, float*, float*, const KvPrefetch&, MaxSum*);
 template void attend<uint16_t>(const float*, const uint16_t*, const uint16_t*, int64_t, int64_t,
-                               int64_t, float, float*, float*, const KvPrefetch&);
+                               int64_t, float, float*, float*, const KvPrefetch&, MaxSum*);
 template void attend<int8_t>(const float*, const int8_t*, const int8_t*, int64_t, int64_t,
-                             int64_t, float, float*, float*, const KvPrefetch&);
+                             int64_t, float, float*, float*, const KvPrefetch&, MaxSum*);
 
 void to_half(const float* x, uint16_t* out, int64_t n) {
   int64_t i = 0;
@@ -239,7 +244,7 @@ void swiglu(const float* g, const float* u, float* out, int64_t n) {
   for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
-void softmax_inplace(float* x, int64_t n) {
+MaxSum exp_inplace(float* x, int64_t n) {
   __m256 mv = _mm256_set1_ps(-INFINITY);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
@@ -254,8 +259,14 @@ void softmax_inplace(float* x, int64_t n) {
   }
   float s = hsum(sv);
   for (; i < n; ++i) s += (x[i] = std::exp(x[i] - m));
+  return {m, s};
+}
+
+void softmax_inplace(float* x, int64_t n) {
+  const float s = exp_inplace(x, n).sum;
   const __m256 inv = _mm256_set1_ps(1.0f / s);
-  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
   for (; i < n; ++i) x[i] *= 1.0f / s;
 }
 

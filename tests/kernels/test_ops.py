@@ -152,6 +152,35 @@ def test_attention_over_groups_of_heads(isa, rng, H, KV, hd, dtype):
             kernels.attention(q, kc[..., :hd].copy(), vc[..., :hd].copy(), slots, pos, 0.1)
 
 
+@pytest.mark.parametrize("H, KV", [(9, 3), (8, 2), (4, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
+@pytest.mark.parametrize("window", [0, 300])
+def test_decode_attention_split_over_parts_of_the_keys(isa, rng, H, KV, dtype, window):
+    # Decode steps with fewer groups of heads than the threads want split each group's keys
+    # into parts whose softmax pieces are merged after (flash-decoding): long contexts, a short
+    # one (parts of a few keys) and one of 3 keys (some parts empty), on 2 and 3 threads.
+    S, cap, hd = 2, 1024, 64
+    kc, vc = (rng.standard_normal((S, KV, cap, hd)) for _ in range(2))
+    if dtype == np.int8:
+        kc, vc = ref.kv_int8_rows(kc), ref.kv_int8_rows(vc)
+        want_k, want_v = ref.kv_dequantize(kc), ref.kv_dequantize(vc)
+    else:
+        kc, vc = want_k, want_v = kc.astype(dtype), vc.astype(dtype)
+    saved = kernels.get_num_threads()
+    try:
+        for threads in (2, 3):
+            kernels.set_num_threads(threads)
+            for slots, pos in [([0], [1000]), ([1], [130]), ([0, 1], [700, 2])]:
+                slots, pos = np.array(slots), np.array(pos)
+                q = rng.standard_normal((len(pos), H, hd)).astype(np.float32)
+                np.testing.assert_allclose(
+                    kernels.attention(q, kc, vc, slots, pos, hd ** -0.5, window),
+                    ref.attention(q, want_k, want_v, slots, pos, hd ** -0.5, window),
+                    rtol=1e-5, atol=1e-5)
+    finally:
+        kernels.set_num_threads(saved)
+
+
 def test_attention_matches_model_reference(rng):
     # The model's own NumPy attention (one sequence, keys 0..L-1) is the same math.
     from sparsellm.models.decoder import attention as model_attention
