@@ -97,7 +97,7 @@ class NativeModel {
   AlignedVector<float> up_;      // (M, intermediate)  up_proj
   AlignedVector<float> cos_;     // (M, rot / 2)       RoPE tables for this call's positions
   AlignedVector<float> sin_;     // (M, rot / 2)
-  AlignedVector<float> scores_;  // (threads, capacity) attention scores (grown on first use)
+  AlignedVector<float> scores_;  // attention()'s scratch: scores, partial results (grown there)
   LinearScratch lin_;            // activations padding / quantization / decoded panels
 };
 

@@ -186,19 +186,17 @@ void to_kv_int8(const float* x, int64_t hd, int8_t* row) {
 
 // One head's partial attentions over parts of its keys -> out (hd): part p's output is at
 // o + p * stride * hd and its MaxSum at ms[p * stride]. out = sum_p w_p o_p / sum_p w_p sum_p,
-// w_p = exp(max_p - the largest max) (empty parts skipped).
+// w_p = exp(max_p - the largest max). (An empty part, attend() over 0 keys, has max -inf,
+// sum 0 and output 0: weight 0.)
 static void merge_parts(const float* o, const MaxSum* ms, int64_t parts, int64_t stride,
                         int64_t hd, float* out) {
   float m = -INFINITY;
-  for (int64_t p = 0; p < parts; ++p)
-    if (ms[p * stride].sum > 0) m = std::max(m, ms[p * stride].max);
+  for (int64_t p = 0; p < parts; ++p) m = std::max(m, ms[p * stride].max);
   float total = 0.f;
   std::fill(out, out + hd, 0.f);
   for (int64_t p = 0; p < parts; ++p) {
-    const MaxSum part = ms[p * stride];
-    if (!(part.sum > 0)) continue;
-    const float w = std::exp(part.max - m);
-    total += w * part.sum;
+    const float w = std::exp(ms[p * stride].max - m);
+    total += w * ms[p * stride].sum;
     for (int64_t i = 0; i < hd; ++i) out[i] += w * o[p * stride * hd + i];
   }
   const float inv = 1.0f / total;
@@ -248,8 +246,9 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
   };
   const auto locate = [&](int64_t task) {
     const int64_t t = task / tasks_per_token, r = task % tasks_per_token;
-    const int64_t h = r / parts * per_task, part = r % parts, n = pos[t] + 1 - first_key(t);
-    const int64_t k0 = first_key(t) + n * part / parts, k1 = first_key(t) + n * (part + 1) / parts;
+    const int64_t h = r / parts * per_task, part = r % parts;
+    const int64_t first = first_key(t), n = pos[t] + 1 - first;
+    const int64_t k0 = first + n * part / parts, k1 = first + n * (part + 1) / parts;
     return Span{t, h, k1 - k0, ((slots[t] * s.KV + h / group) * s.cap + k0) * kv_row<KV>(s.hd)};
   };
   // Keys that no earlier token of this call read, which come from DRAM: each token's in a
@@ -276,15 +275,11 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
         const Span b = locate(after);
         if (cold(b.t)) pf = {kc + b.kv, vc + b.kv, b.n * kv_row<KV>(s.hd) * int64_t(sizeof(KV))};
       }
-      const float* qa = q + a.t * ldq + a.h * s.hd;
-      if (parts == 1)
-        attend(qa, kc + a.kv, vc + a.kv, per_task, a.n, s.hd, s.scale, sc,
-               out + a.t * ldo + a.h * s.hd, pf, nullptr);
-      else if (a.n > 0)
-        attend(qa, kc + a.kv, vc + a.kv, per_task, a.n, s.hd, s.scale, sc,
-               o_parts + task * per_task * s.hd, pf, ms_parts + task * per_task);
-      else
-        for (int64_t g = 0; g < per_task; ++g) ms_parts[task * per_task + g] = {0.f, 0.f};
+      // With parts, the pieces to merge (a part of a short context may have no keys).
+      float* o = parts == 1 ? out + a.t * ldo + a.h * s.hd : o_parts + task * per_task * s.hd;
+      MaxSum* ms = parts == 1 ? nullptr : ms_parts + task * per_task;
+      attend(q + a.t * ldq + a.h * s.hd, kc + a.kv, vc + a.kv, per_task, a.n, s.hd, s.scale, sc,
+             o, pf, ms);
       task = after;
     }
   });
@@ -300,17 +295,17 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
 
 void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
-               AlignedVector<float>& scores) {
+               AlignedVector<float>& scratch) {
   switch (s.kv) {
     case KvType::F32:
       return attention_kv(q, ldq, static_cast<const float*>(kc), static_cast<const float*>(vc),
-                          slots, pos, s, out, ldo, scores);
+                          slots, pos, s, out, ldo, scratch);
     case KvType::F16:
       return attention_kv(q, ldq, static_cast<const uint16_t*>(kc),
-                          static_cast<const uint16_t*>(vc), slots, pos, s, out, ldo, scores);
+                          static_cast<const uint16_t*>(vc), slots, pos, s, out, ldo, scratch);
     case KvType::I8:
       return attention_kv(q, ldq, static_cast<const int8_t*>(kc), static_cast<const int8_t*>(vc),
-                          slots, pos, s, out, ldo, scores);
+                          slots, pos, s, out, ldo, scratch);
   }
 }
 

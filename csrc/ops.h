@@ -70,7 +70,7 @@ void to_kv_int8(const float* x, int64_t hd, int8_t* row);
 //   kc/vc: one layer's cache (slots, KV, cap, row) of s.kv elements, row = kv_row(hd); token t
 //          reads slot slots[t], keys [max(0, p - window + 1), p] with p = pos[t] (window <= 0:
 //          no sliding window). Scores, softmax and sums are fp32 whatever the cache stores.
-// scores: scratch of at least threads * cap floats.
+// scratch: grown here as needed (each thread's scores; partial results of split keys).
 struct AttnShape {
   int64_t T, H, KV, hd, cap;
   float scale;
@@ -79,7 +79,7 @@ struct AttnShape {
 };
 void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
-               AlignedVector<float>& scores);
+               AlignedVector<float>& scratch);
 
 // x = exp(x - max) in place -> {max, sum of the new x}: softmax_inplace before its division.
 struct MaxSum {

@@ -73,7 +73,8 @@ static void head_scores(const float* q, const KV* K, const KV* V, const KvPrefet
   // way while this task computes, attention over 8 sequences' cold caches (96 keys each, 2
   // threads) ran 1.13-1.27x faster, and SmolLM2 int8_a8 batch-8 decode 1.06x (fp32 and int8
   // caches) and 1.11x (fp16). (The next part of a long context's keys, too: attention_kv.)
-  const int64_t share = next && next->bytes && n >= 4 ? (next->bytes / (n / 4) + 64) & ~int64_t(63) : 0;
+  const int64_t share =
+      next && next->bytes && n >= 4 ? (next->bytes / (n / 4) + 64) & ~int64_t(63) : 0;
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
     if (share) {
