@@ -121,32 +121,33 @@ def test_int8_kv_rows_match_the_numpy_twin(isa, rng, hd):
     assert (np.abs(ref.kv_dequantize(rows) - x) <= half_step * 1.001).all()
 
 
+def kv_caches(rng, shape, dtype):
+    """Random K and V caches of `dtype` (int8: rows with scales) -> (kc, vc, want_k, want_v),
+    want_* being what attention should see: the dequantized values for int8."""
+    kc, vc = (rng.standard_normal(shape) for _ in range(2))
+    if dtype == np.int8:
+        kc, vc = ref.kv_int8_rows(kc), ref.kv_int8_rows(vc)
+        return kc, vc, ref.kv_dequantize(kc), ref.kv_dequantize(vc)
+    kc, vc = kc.astype(dtype), vc.astype(dtype)
+    return kc, vc, kc, vc
+
+
 @pytest.mark.parametrize("H, KV", [(9, 3), (10, 2), (8, 2), (4, 4)])
 @pytest.mark.parametrize("hd", [64, 20])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
-def test_attention_over_groups_of_heads(isa, rng, H, KV, hd, dtype):
+def test_attention_over_groups_of_heads(isa, rng, threads, H, KV, hd, dtype):
     # Enough tokens x KV heads that a task is all the query heads sharing a KV head (blocks of
     # 3, 2 and 1 heads), over key counts that are and are not multiples of 4. int8: cache rows
     # with scales, against attention over their dequantized values.
-    S, cap = 3, 128
-    kc, vc = (rng.standard_normal((S, KV, cap, hd)) for _ in range(2))
-    if dtype == np.int8:
-        kc, vc = ref.kv_int8_rows(kc), ref.kv_int8_rows(vc)
-        want_k, want_v = ref.kv_dequantize(kc), ref.kv_dequantize(vc)
-    else:
-        kc, vc = want_k, want_v = kc.astype(dtype), vc.astype(dtype)
+    kc, vc, want_k, want_v = kv_caches(rng, (3, KV, 128, hd), dtype)
     slots = np.array([0, 1, 1, 2, 0])
     pos = np.array([0, 3, 4, 37, 101])
     q = rng.standard_normal((5, H, hd)).astype(np.float32)
-    saved = kernels.get_num_threads()
-    try:
-        for threads in (1, 2):
-            kernels.set_num_threads(threads)
-            np.testing.assert_allclose(kernels.attention(q, kc, vc, slots, pos, hd ** -0.5),
-                                       ref.attention(q, want_k, want_v, slots, pos, hd ** -0.5),
-                                       rtol=1e-5, atol=1e-5)
-    finally:
-        kernels.set_num_threads(saved)
+    for n in (1, 2):
+        threads(n)
+        np.testing.assert_allclose(kernels.attention(q, kc, vc, slots, pos, hd ** -0.5),
+                                   ref.attention(q, want_k, want_v, slots, pos, hd ** -0.5),
+                                   rtol=1e-5, atol=1e-5)
     if dtype == np.int8:
         with pytest.raises(ValueError, match="hd \\+ 4|head_dim"):
             kernels.attention(q, kc[..., :hd].copy(), vc[..., :hd].copy(), slots, pos, 0.1)
@@ -155,30 +156,21 @@ def test_attention_over_groups_of_heads(isa, rng, H, KV, hd, dtype):
 @pytest.mark.parametrize("H, KV", [(9, 3), (8, 2), (4, 1)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
 @pytest.mark.parametrize("window", [0, 300])
-def test_decode_attention_split_over_parts_of_the_keys(isa, rng, H, KV, dtype, window):
+def test_decode_attention_split_over_parts_of_the_keys(isa, rng, threads, H, KV, dtype, window):
     # Decode steps with fewer groups of heads than the threads want split each group's keys
     # into parts whose softmax pieces are merged after (flash-decoding): long contexts, a short
     # one (parts of a few keys) and one of 3 keys (some parts empty), on 2 and 3 threads.
-    S, cap, hd = 2, 1024, 64
-    kc, vc = (rng.standard_normal((S, KV, cap, hd)) for _ in range(2))
-    if dtype == np.int8:
-        kc, vc = ref.kv_int8_rows(kc), ref.kv_int8_rows(vc)
-        want_k, want_v = ref.kv_dequantize(kc), ref.kv_dequantize(vc)
-    else:
-        kc, vc = want_k, want_v = kc.astype(dtype), vc.astype(dtype)
-    saved = kernels.get_num_threads()
-    try:
-        for threads in (2, 3):
-            kernels.set_num_threads(threads)
-            for slots, pos in [([0], [1000]), ([1], [130]), ([0, 1], [700, 2])]:
-                slots, pos = np.array(slots), np.array(pos)
-                q = rng.standard_normal((len(pos), H, hd)).astype(np.float32)
-                np.testing.assert_allclose(
-                    kernels.attention(q, kc, vc, slots, pos, hd ** -0.5, window),
-                    ref.attention(q, want_k, want_v, slots, pos, hd ** -0.5, window),
-                    rtol=1e-5, atol=1e-5)
-    finally:
-        kernels.set_num_threads(saved)
+    hd = 64
+    kc, vc, want_k, want_v = kv_caches(rng, (2, KV, 1024, hd), dtype)
+    for n in (2, 3):
+        threads(n)
+        for slots, pos in [([0], [1000]), ([1], [130]), ([0, 1], [700, 2])]:
+            slots, pos = np.array(slots), np.array(pos)
+            q = rng.standard_normal((len(pos), H, hd)).astype(np.float32)
+            np.testing.assert_allclose(
+                kernels.attention(q, kc, vc, slots, pos, hd ** -0.5, window),
+                ref.attention(q, want_k, want_v, slots, pos, hd ** -0.5, window),
+                rtol=1e-5, atol=1e-5)
 
 
 def test_attention_matches_model_reference(rng):

@@ -14,13 +14,6 @@ from .test_linear import random_weight
 FORMATS = ["fp32", "int8_a8", "int4_g32_asym", "sparse_int8_a8", "2:4_int8"]
 
 
-@pytest.fixture
-def threads():
-    saved = kernels.get_num_threads()
-    yield kernels.set_num_threads
-    kernels.set_num_threads(saved)
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_linear_is_bitwise_the_same_for_any_thread_count(rng, threads, fmt):
     # Rows are split between threads, never the sum over one row, so every count gives the same

@@ -45,6 +45,11 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         num_speculative_tokens=args.num_speculative_tokens,
         adaptive_speculation=args.adaptive_speculation,
     )
+    return _given(kwargs)
+
+
+def _given(kwargs: dict) -> dict:
+    """The entries that were set (not None)."""
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
@@ -75,7 +80,7 @@ def generation_kwargs(args: argparse.Namespace) -> dict:
         seed=args.seed,
         stop=args.stop,
     )
-    return {k: v for k, v in kwargs.items() if v is not None}
+    return _given(kwargs)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
