@@ -43,6 +43,7 @@ class BenchmarkResult:
     time_to_first_token_ms: float
     weight_bytes_per_step: int
     bandwidth_gbs: float  # weight bytes per decode step / mean step time
+    outside_native_pct: float  # share of decode time spent outside the native forward
     rss_mb: float
     peak_rss_mb: float
     iterations: int
@@ -72,6 +73,7 @@ class BenchmarkResult:
             ("Time To First Token (ms)", f"{self.time_to_first_token_ms:.1f}"),
             ("Weights Read Per Decode Step (MB)", f"{self.weight_bytes_per_step / 1e6:.1f}"),
             ("Achieved Bandwidth (GB/s)", f"{self.bandwidth_gbs:.1f}"),
+            ("Time Outside Native Forward (%)", f"{self.outside_native_pct:.1f}"),
             ("RSS / Peak RSS (MB)", f"{self.rss_mb:.0f} / {self.peak_rss_mb:.0f}"),
             ("Iterations / Seconds", f"{self.iterations} / {self.seconds:.1f}"),
         ]
@@ -209,6 +211,8 @@ class _Session:
             time_to_first_token_ms=1000.0 * float(np.mean(stats["ttft_s"])),
             weight_bytes_per_step=bytes_per_step,
             bandwidth_gbs=bytes_per_step / float(np.mean(steps)) / 1e9,
+            outside_native_pct=100.0 * max(0.0, 1.0 - stats["decode_native_s"]
+                                           / max(stats["decode_s"], 1e-9)),
             rss_mb=rss_mb,
             # ru_maxrss can trail /proc/self/statm by a few pages: the peak is at least the
             # current.
@@ -261,7 +265,7 @@ def _run(generator: BatchGenerator, prompts: list[list[int]], config: Generation
                 submit()
         admitting = len(generator.waiting) and generator.engine.cache.num_free
         decoding = sum(1 for live in generator.active.values() if live.next_token is not None)
-        t0 = time.perf_counter()
+        t0, native0 = time.perf_counter(), generator.engine.native_seconds
         events = generator.step()
         dt = time.perf_counter() - t0
         finished = sum(1 for e in events if e.finished_reason)
@@ -274,6 +278,7 @@ def _run(generator: BatchGenerator, prompts: list[list[int]], config: Generation
         elif decoding:
             stats["decode_step_s"].append(dt)
             stats["decode_s"] += dt
+            stats["decode_native_s"] += generator.engine.native_seconds - native0
             stats["decode_tokens"] += decoding
         stats["iterations"] += finished
         if scenario == "async" and elapsed() < seconds:
@@ -289,8 +294,9 @@ def _run(generator: BatchGenerator, prompts: list[list[int]], config: Generation
 
 
 def _new_stats() -> dict[str, Any]:
-    return dict(decode_step_s=[], decode_s=0.0, decode_tokens=0, prefill_s=0.0, prefill_tokens=0,
-                ttft_s=[], iterations=0, generated_tokens=0, seconds=0.0)
+    return dict(decode_step_s=[], decode_s=0.0, decode_native_s=0.0, decode_tokens=0,
+                prefill_s=0.0, prefill_tokens=0, ttft_s=[], iterations=0, generated_tokens=0,
+                seconds=0.0)
 
 
 def _progress_bar(total: float, progress: bool | None) -> Any:

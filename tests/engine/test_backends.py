@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import numpy as np
 import pytest
@@ -134,3 +135,21 @@ def test_smollm2_greedy_native_equals_numpy(smollm2_checkpoint, fmt):
     b, _ = _greedy(Engine(smollm2_checkpoint, sequence_length=64, weights=fmt, backend="numpy"),
                    ids, 32)
     assert a == b
+
+
+def test_native_seconds_count_the_time_inside_the_native_forward(tiny, token_ids):
+    """What the benchmark's "Time Outside Native Forward" is made of: each step adds its native
+    call's wall time (at most the step's), chunked prefills every chunk's; no native backend,
+    no native time."""
+    native = Engine(tiny, sequence_length=128)
+    seq = native.add_sequence()
+    assert native.native_seconds == 0.0
+    for step in (lambda: native.prefill(seq, token_ids(70, seed=2)),  # two prefill chunks
+                 lambda: native.decode_step([seq], [5])):
+        before, start = native.native_seconds, time.perf_counter()
+        step()
+        wall = time.perf_counter() - start
+        assert 0 < native.native_seconds - before <= wall
+    numpy_ = Engine(tiny, sequence_length=128, backend="numpy")
+    _greedy(numpy_, token_ids(8, seed=3), 2)
+    assert numpy_.native_seconds == 0.0

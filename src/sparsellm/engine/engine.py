@@ -121,6 +121,12 @@ class Engine:
         return self.cache.max_sequences
 
     @property
+    def native_seconds(self) -> float:
+        """Wall time spent inside the native forward so far (0 on the reference backend): the
+        rest of a step is Python (scheduling, sampling, detokenizing)."""
+        return self.model.native_seconds if self.backend == "native" else 0.0
+
+    @property
     def num_threads(self) -> int:
         return get_num_threads() if self.backend == "native" else \
             self.num_cores or os.cpu_count() or 1

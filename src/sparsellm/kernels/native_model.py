@@ -13,6 +13,7 @@ same logits. Each linear weight is packed in the format chosen for it (any mix),
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -55,6 +56,7 @@ class NativeDecoderModel:
         tokens per native call; longer batches are split into chunks."""
         self.args = args
         self.max_tokens = int(max_tokens)
+        self.native_seconds = 0.0  # wall time inside the native forward, over all calls
         masks = masks or {}
         packed = dict(packed or {})
         names = linear_weight_names(args)
@@ -133,17 +135,22 @@ class NativeDecoderModel:
         out = np.empty((rows.size, self.args.vocab_size), dtype=np.float32)
         T, M = tokens.size, self.max_tokens
         if T <= M:
-            self._model.forward(tokens, slots, positions, k_cache, v_cache, rows, out)
+            self._native_forward(tokens, slots, positions, k_cache, v_cache, rows, out)
             return out
         # Chunks run in order, so a later chunk sees the keys/values the earlier ones wrote.
         for c0 in range(0, T, M):
             c1 = min(T, c0 + M)
             sel = np.flatnonzero((rows >= c0) & (rows < c1))
             part = np.empty((sel.size, self.args.vocab_size), dtype=np.float32)
-            self._model.forward(tokens[c0:c1], slots[c0:c1], positions[c0:c1], k_cache,
-                                v_cache, rows[sel] - c0, part)
+            self._native_forward(tokens[c0:c1], slots[c0:c1], positions[c0:c1], k_cache,
+                                 v_cache, rows[sel] - c0, part)
             out[sel] = part
         return out
+
+    def _native_forward(self, *args: np.ndarray) -> None:
+        start = time.perf_counter()
+        self._model.forward(*args)
+        self.native_seconds += time.perf_counter() - start
 
     def dequantized_tensors(self) -> dict[str, np.ndarray]:
         """The tensors dict with every linear weight replaced by what the kernels multiply by
