@@ -122,7 +122,7 @@ class Engine:
 
     @property
     def native_seconds(self) -> float:
-        """Wall time spent inside the native forward so far (0 on the reference backend): the
+        """Wall time spent inside the native forward so far (0 on the NumPy backend): the
         rest of a step is Python (scheduling, sampling, detokenizing)."""
         return self.model.native_seconds if self.backend == "native" else 0.0
 
