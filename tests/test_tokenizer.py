@@ -118,6 +118,7 @@ def test_decode_accepts_numpy(tiny_tokenizer_dir):
     ours = Tokenizer.from_files(tiny_tokenizer_dir)
     ids = ours.encode("abc def")
     assert ours.decode(np.asarray([ids])) == ours.decode(ids) == "abc def"
+    assert ours.decode(list(np.asarray(ids))) == ours.decode([ids]) == "abc def"
 
 
 # ---- SmolLM2's GGUF (byte-level BPE, smollm pre-tokenizer) ---------------------------------------

@@ -210,7 +210,8 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int] | np.ndarray, skip_special_tokens: bool = False,
                **_: Any) -> str:
-        ids = np.asarray(ids).reshape(-1).tolist()
+        if type(ids) is not list or (ids and type(ids[0]) is not int):  # a list of ints as is
+            ids = np.asarray(ids).reshape(-1).tolist()
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 _CONTEXT_TOKENS = 4  # prompt tokens kept so tokenizers that strip a leading space decode right
+_WINDOW_TOKENS = 12  # the decode window restarts from the last delta once it is this long
 
 
 class IncrementalDetokenizer:
@@ -13,34 +14,42 @@ class IncrementalDetokenizer:
 
     Decodes a short window of recent ids and emits only the new suffix, and only once it no
     longer ends in an incomplete UTF-8 sequence (U+FFFD), so a multi-byte character is never
-    split between two deltas.
+    split between two deltas. The window's start stays put for a few deltas, so the text before
+    the new token is the previous call's decode: one decode per token, not two (a decode step
+    of a small model takes a few milliseconds, and this runs once per token of every stream).
     """
 
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int] = (), skip_special: bool = True):
         self.tokenizer = tokenizer
         self.skip_special = skip_special
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
+        self.window = 0  # the decode window is ids[window:]
+        self.read = self.last_read = len(self.ids)  # ids before `read` have been emitted
+        self.prefix = self._decode(self.ids)  # text of ids[window:read]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        text = self._decode(self.ids[self.prefix_offset:])
-        if len(text) > len(prefix) and not text.endswith("\ufffd"):
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return text[len(prefix):]
-        return ""
+        text = self._decode(self.ids[self.window:])
+        if len(text) <= len(self.prefix) or text.endswith("\ufffd"):
+            return ""
+        delta = text[len(self.prefix):]
+        self.last_read, self.read = self.read, len(self.ids)
+        if self.read - self.window > _WINDOW_TOKENS:  # restart the window at the last delta
+            self.window = self.last_read
+            self.prefix = self._decode(self.ids[self.window:self.read])
+        else:
+            self.prefix = text
+        return delta
 
     def flush(self) -> str:
         """Whatever is still pending (an incomplete character is emitted as U+FFFD)."""
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        text = self._decode(self.ids[self.prefix_offset:])
-        self.prefix_offset = self.read_offset = len(self.ids)
-        return text[len(prefix):]
+        text = self._decode(self.ids[self.window:])
+        self.window = self.read = self.last_read = len(self.ids)
+        delta, self.prefix = text[len(self.prefix):], ""
+        return delta
 
 
 class StopStrings:
