@@ -24,7 +24,7 @@ class IncrementalDetokenizer:
         self.skip_special = skip_special
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self.window = 0  # the decode window is ids[window:]
-        self.read = self.last_read = len(self.ids)  # ids before `read` have been emitted
+        self.read = len(self.ids)  # ids before `read` have been emitted
         self.prefix = self._decode(self.ids)  # text of ids[window:read]
 
     def _decode(self, ids: list[int]) -> str:
@@ -36,9 +36,9 @@ class IncrementalDetokenizer:
         if len(text) <= len(self.prefix) or text.endswith("\ufffd"):
             return ""
         delta = text[len(self.prefix):]
-        self.last_read, self.read = self.read, len(self.ids)
+        last_read, self.read = self.read, len(self.ids)
         if self.read - self.window > _WINDOW_TOKENS:  # restart the window at the last delta
-            self.window = self.last_read
+            self.window = last_read
             self.prefix = self._decode(self.ids[self.window:self.read])
         else:
             self.prefix = text
@@ -47,7 +47,7 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """Whatever is still pending (an incomplete character is emitted as U+FFFD)."""
         text = self._decode(self.ids[self.window:])
-        self.window = self.read = self.last_read = len(self.ids)
+        self.window = self.read = len(self.ids)
         delta, self.prefix = text[len(self.prefix):], ""
         return delta
 
