@@ -121,6 +121,28 @@ def test_decode_accepts_numpy(tiny_tokenizer_dir):
     assert ours.decode(list(np.asarray(ids))) == ours.decode([ids]) == "abc def"
 
 
+def _assert_token_bytes_join_to_decode(tok: Tokenizer, skip_special: bool) -> None:
+    """Joining each id's bytes and reading them as UTF-8 is decode, on random ids (split
+    characters, invalid byte runs and special tokens included) and on text."""
+    import numpy as np
+
+    table = tok.token_bytes(skip_special)
+    assert table is not None and len(table) == tok.vocab_size
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, tok.vocab_size, n).tolist() for n in (1, 2, 3, 7, 40)
+               for _ in range(60)] + [tok.encode(text) for text in TEXTS]
+    for ids in batches:
+        joined = b"".join(table[i] for i in ids).decode("utf-8", "replace")
+        assert joined == tok.decode(ids, skip_special_tokens=skip_special), ids
+    end = tok.token_to_id("<|im_end|>")
+    assert table[end] == (b"" if skip_special else b"<|im_end|>")
+
+
+@pytest.mark.parametrize("skip_special", [False, True])
+def test_token_bytes_join_to_decode(tiny_tokenizer_dir, skip_special):
+    _assert_token_bytes_join_to_decode(Tokenizer.from_files(tiny_tokenizer_dir), skip_special)
+
+
 # ---- SmolLM2's GGUF (byte-level BPE, smollm pre-tokenizer) ---------------------------------------
 @pytest.fixture(scope="module")
 def smollm2_tokenizer(smollm2_path) -> Tokenizer:
@@ -132,6 +154,11 @@ def test_smollm2_gguf_tokenizer_matches_transformers(smollm2_tokenizer, smollm2_
     assert_same_tokenizer(smollm2_tokenizer, smollm2_hf_tokenizer)
     assert smollm2_tokenizer.vocab_size == len(smollm2_hf_tokenizer)
     assert smollm2_tokenizer.eos_token == smollm2_hf_tokenizer.eos_token == "<|im_end|>"
+
+
+@pytest.mark.slow
+def test_smollm2_token_bytes_join_to_decode(smollm2_tokenizer):
+    _assert_token_bytes_join_to_decode(smollm2_tokenizer, skip_special=True)
 
 
 @pytest.mark.slow

@@ -48,6 +48,7 @@ class Tokenizer:
         self.pad_token, self.unk_token = pad_token or eos_token, unk_token
         self.chat_template = chat_template
         self.extra_eos_tokens = list(extra_eos_tokens)
+        self._token_bytes: dict[bool, list[bytes] | None] = {}
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -214,6 +215,35 @@ class Tokenizer:
             ids = np.asarray(ids).reshape(-1).tolist()
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, skip_special_tokens: bool = False) -> list[bytes] | None:
+        """The bytes each token id stands for, when decoding ids is joining their bytes and
+        reading them as UTF-8 (byte-level BPE: GPT-2, Llama 3, Qwen2, SmolLM2), else None.
+
+        A streaming detokenizer then looks each new token up instead of decoding a window of
+        them. Built on first use and checked once against the library's decode of the whole
+        vocabulary, so a tokenizer this rule does not describe exactly gets None.
+        """
+        if skip_special_tokens not in self._token_bytes:
+            self._token_bytes[skip_special_tokens] = self._build_token_bytes(skip_special_tokens)
+        return self._token_bytes[skip_special_tokens]
+
+    def _build_token_bytes(self, skip_special: bool) -> list[bytes] | None:
+        if not isinstance(self._tok.decoder, decoders.ByteLevel):
+            return None
+        special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        table = []
+        for i in range(self.vocab_size):
+            piece = self._tok.id_to_token(i)
+            if piece is None or (skip_special and i in special):
+                table.append(b"")
+                continue
+            try:
+                table.append(piece.translate(_BYTE_LEVEL_TO_LATIN1).encode("latin-1"))
+            except UnicodeEncodeError:  # not all byte-level characters (an added token's text):
+                table.append(piece.encode())  # the text as is, as the library does
+        every = self._tok.decode(list(range(self.vocab_size)), skip_special_tokens=skip_special)
+        return table if b"".join(table).decode("utf-8", "replace") == every else None
+
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
         return [self._tok.id_to_token(int(i)) for i in ids]
 
@@ -247,6 +277,20 @@ class Tokenizer:
             **kwargs,
         )
         return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+def _byte_level_translation() -> dict[int, str]:
+    """str.translate table from GPT-2's byte-level alphabet (the printable Latin-1 bytes stand
+    for themselves, the others for chr(256 + n) in byte order) to chr(byte), so that
+    .encode("latin-1") gives the bytes; any other character becomes U+10FFFF, which fails it."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return {b: chr(b) for b in printable} | {b: "\U0010ffff" for b in rest} | \
+        {256 + n: chr(b) for n, b in enumerate(rest)}
+
+
+_BYTE_LEVEL_TO_LATIN1 = _byte_level_translation()
 
 
 def _gguf_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:

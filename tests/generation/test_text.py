@@ -27,6 +27,7 @@ def test_deltas_never_split_a_character(which, tiny_tokenizer_dir, tiny_gguf):
     pieces = [tok.decode([i]) for i in ids]
     assert any("\ufffd" in p for p in pieces), "the test text must need multi-token characters"
     detok = IncrementalDetokenizer(tok, prompt)
+    assert (detok.pieces is not None) == (which == 0)  # byte-level: the token-bytes table
     deltas = [detok.add(i) for i in ids] + [detok.flush()]
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == tok.decode(prompt + ids, skip_special_tokens=True)[
@@ -48,6 +49,19 @@ def test_special_tokens_are_skipped(tiny_tokenizer_dir):
     detok = IncrementalDetokenizer(tok)
     out = "".join(detok.add(i) for i in tok.encode("a<|im_end|>b")) + detok.flush()
     assert out == "ab"
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["byte_level_bpe", "spm_byte_fallback"])
+def test_ids_past_the_vocabulary_decode_to_nothing(which, tiny_tokenizer_dir, tiny_gguf):
+    """A model's embedding may have more rows than its tokenizer has tokens (padding)."""
+    tok = _tokenizers(tiny_tokenizer_dir, tiny_gguf)[which]
+    prompt, ids = tok.encode("Say:"), tok.encode(" ok", add_special_tokens=False)
+
+    def text(ids):
+        detok = IncrementalDetokenizer(tok, prompt)
+        return "".join(detok.add(i) for i in ids) + detok.flush()
+
+    assert text([ids[0], tok.vocab_size + 3, *ids[1:]]) == text(ids) != ""
 
 
 def test_stop_strings():

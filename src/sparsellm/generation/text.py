@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,18 +11,28 @@ _WINDOW_TOKENS = 12  # the decode window restarts from the last delta once it is
 
 
 class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas.
+    """Turns a growing list of token ids into text deltas, never splitting a character.
 
-    Decodes a short window of recent ids and emits only the new suffix, and only once it no
-    longer ends in an incomplete UTF-8 sequence (U+FFFD), so a multi-byte character is never
-    split between two deltas. The window's start stays put for a few deltas, so the text before
-    the new token is the previous call's decode: one decode per token, not two (a decode step
-    of a small model takes a few milliseconds, and this runs once per token of every stream).
+    Byte-level BPE tokenizers (`Tokenizer.token_bytes`) decode by joining each token's bytes:
+    each new token's bytes go through an incremental UTF-8 decoder, which holds back an
+    incomplete character until its last byte arrives. This runs once per token of every stream
+    just after a decode step's weight stream has flushed the CPU caches, where a table lookup
+    costs a few microseconds and a call into the tokenizer ~50.
+
+    Other tokenizers (SentencePiece's leading space depends on what comes before) decode a short
+    window of recent ids and emit only the new suffix, once it no longer ends in an incomplete
+    UTF-8 sequence (U+FFFD). The window's start stays put for a few deltas, so the text before
+    the new token is the previous call's decode: one decode per token, not two.
     """
 
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int] = (), skip_special: bool = True):
         self.tokenizer = tokenizer
         self.skip_special = skip_special
+        table = getattr(tokenizer, "token_bytes", None)
+        self.pieces: list[bytes] | None = table(skip_special) if table else None
+        if self.pieces is not None:
+            self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+            return
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self.window = 0  # the decode window is ids[window:]
         self.read = len(self.ids)  # ids before `read` have been emitted
@@ -31,6 +42,8 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
     def add(self, token_id: int) -> str:
+        if self.pieces is not None:  # ids past the tokenizer's vocabulary decode to nothing
+            return self.utf8.decode(self.pieces[token_id] if token_id < len(self.pieces) else b"")
         self.ids.append(token_id)
         text = self._decode(self.ids[self.window:])
         if len(text) <= len(self.prefix) or text.endswith("\ufffd"):
@@ -46,6 +59,8 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Whatever is still pending (an incomplete character is emitted as U+FFFD)."""
+        if self.pieces is not None:
+            return self.utf8.decode(b"", final=True)
         text = self._decode(self.ids[self.window:])
         self.window = self.read = len(self.ids)
         delta, self.prefix = text[len(self.prefix):], ""
