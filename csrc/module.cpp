@@ -314,11 +314,12 @@ PYBIND11_MODULE(_native, m) {
            py::arg("lm_head"), py::arg("lm_head_b"))
       .def(
           "forward",
-          [](PyModel& pm, py::array tokens, py::array slots, py::array positions,
-             py::array k_cache, py::array v_cache, py::array logit_rows, py::array out) {
+          [](PyModel& pm, const std::vector<int64_t>& tokens, const std::vector<int64_t>& slots,
+             const std::vector<int64_t>& positions, py::array k_cache, py::array v_cache,
+             const std::vector<int64_t>& logit_rows, py::array out) {
             const ModelConfig& c = pm.model->config();
             const int64_t T = tokens.size(), R = logit_rows.size();
-            if (slots.size() != T || positions.size() != T)
+            if (int64_t(slots.size()) != T || int64_t(positions.size()) != T)
               throw std::invalid_argument("forward: tokens, slots, positions must all be (T,)");
             if (k_cache.ndim() != 5 || k_cache.shape(0) != c.layers ||
                 k_cache.shape(2) != c.kv_heads)
@@ -331,14 +332,11 @@ PYBIND11_MODULE(_native, m) {
               throw std::invalid_argument("forward: out must be (len(logit_rows), vocab)");
             const KVCache kv =
                 kv_cache_of(k_cache, v_cache, k_cache.shape(1), k_cache.shape(3), c.head_dim);
-            const int64_t* tp = ptr_of<int64_t>(tokens, "tokens");
-            const int64_t* sp = ptr_of<int64_t>(slots, "slots");
-            const int64_t* pp = ptr_of<int64_t>(positions, "positions");
-            const int64_t* rp = ptr_of<int64_t>(logit_rows, "logit_rows");
             float* op = ptr_of<float>(out, "out");
             py::gil_scoped_release nogil;
             std::lock_guard<std::mutex> lock(*pm.busy);  // one forward at a time per model
-            pm.model->forward(tp, sp, pp, T, kv, rp, R, op);
+            pm.model->forward(tokens.data(), slots.data(), positions.data(), T, kv,
+                              logit_rows.data(), R, op);
           },
           py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("logit_rows"), py::arg("out"));

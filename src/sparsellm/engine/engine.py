@@ -111,7 +111,7 @@ class Engine:
         self.cache.free(seq)
 
     def length(self, seq: int) -> int:
-        return int(self.cache.lengths[seq])
+        return self.cache.lengths[seq]
 
     def trim(self, seq: int, length: int) -> None:
         self.cache.trim(seq, length)
@@ -183,15 +183,14 @@ class Engine:
         positions: list[int] = []
         for s, ts in zip(seqs, tokens, strict=True):
             self._check_room(s, len(ts))
-            start = int(self.cache.lengths[s])
+            start = self.cache.lengths[s]
             flat += ts
             slots += [s] * len(ts)
             positions += range(start, start + len(ts))
         if flat and (min(flat) < 0 or max(flat) >= self.vocab_size):
             raise ValueError(f"token id out of range [0, {self.vocab_size})")
-        i64 = lambda a: np.array(a, dtype=np.int64)  # noqa: E731
-        logits = self.model.forward(i64(flat), i64(slots), i64(positions), self.cache.k,
-                                    self.cache.v, i64(logit_rows))
+        logits = self.model.forward(flat, slots, positions, self.cache.k, self.cache.v,
+                                    logit_rows)
         for s, ts in zip(seqs, tokens, strict=True):
             self.cache.append(s, len(ts))
         return logits
@@ -201,5 +200,5 @@ class Engine:
             raise ContextLengthError(
                 f"sequence needs {self.cache.lengths[seq] + n} tokens but sequence_length is "
                 f"{self.sequence_length}",
-                int(self.cache.lengths[seq] + n), self.sequence_length,
+                self.cache.lengths[seq] + n, self.sequence_length,
             )

@@ -26,12 +26,14 @@ class KVCache:
         self.k = _untouched_zeros(shape, dtype)  # (layers, slots, kv_heads, capacity, row)
         self.v = _untouched_zeros(shape, dtype)  # same as k
         self.capacity = capacity
-        self.lengths = np.zeros(max_sequences, dtype=np.int64)  # (slots,) tokens held
+        # tokens held per slot: plain ints, read and updated between native steps, where each
+        # NumPy scalar operation would find the CPU caches cold
+        self.lengths = [0] * max_sequences
         self._free = list(range(max_sequences - 1, -1, -1))
 
     @property
     def max_sequences(self) -> int:
-        return self.lengths.shape[0]
+        return len(self.lengths)
 
     @property
     def num_free(self) -> int:
@@ -63,7 +65,7 @@ class KVCache:
         """Forget everything after the first `length` tokens of the sequence in `slot`."""
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot trim slot {slot} of {self.lengths[slot]} tokens to {length}")
-        self.lengths[slot] = length
+        self.lengths[slot] = int(length)
 
 
 def _untouched_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

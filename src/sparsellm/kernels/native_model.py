@@ -14,7 +14,7 @@ same logits. Each linear weight is packed in the format chosen for it (any mix),
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -119,25 +119,25 @@ class NativeDecoderModel:
 
     def forward(
         self,
-        tokens: np.ndarray,
-        slots: np.ndarray,
-        positions: np.ndarray,
+        tokens: Sequence[int] | np.ndarray,
+        slots: Sequence[int] | np.ndarray,
+        positions: Sequence[int] | np.ndarray,
         k_cache: np.ndarray,
         v_cache: np.ndarray,
-        logit_rows: np.ndarray,
+        logit_rows: Sequence[int] | np.ndarray,
     ) -> np.ndarray:
         """Same contract as DecoderModel.forward; k_cache/v_cache (layers, slots, kv_heads,
         capacity, head_dim), C-contiguous float32 or float16, are written in place.
         -> (len(logit_rows), vocab)
         """
-        i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
-        tokens, slots, positions, rows = i64(tokens), i64(slots), i64(positions), i64(logit_rows)
-        out = np.empty((rows.size, self.args.vocab_size), dtype=np.float32)
-        T, M = tokens.size, self.max_tokens
-        if T <= M:
-            self._native_forward(tokens, slots, positions, k_cache, v_cache, rows, out)
+        out = np.empty((len(logit_rows), self.args.vocab_size), dtype=np.float32)
+        T, M = len(tokens), self.max_tokens
+        if T <= M:  # lists of ints go to the native call as they are (no NumPy on this path)
+            self._native_forward(tokens, slots, positions, k_cache, v_cache, logit_rows, out)
             return out
         # Chunks run in order, so a later chunk sees the keys/values the earlier ones wrote.
+        tokens, slots, positions, rows = (np.asarray(a, dtype=np.int64)
+                                          for a in (tokens, slots, positions, logit_rows))
         for c0 in range(0, T, M):
             c1 = min(T, c0 + M)
             sel = np.flatnonzero((rows >= c0) & (rows < c1))

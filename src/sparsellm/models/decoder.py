@@ -347,21 +347,24 @@ class DecoderModel:
 
     def forward(
         self,
-        tokens: np.ndarray,
-        slots: np.ndarray,
-        positions: np.ndarray,
+        tokens: Sequence[int] | np.ndarray,
+        slots: Sequence[int] | np.ndarray,
+        positions: Sequence[int] | np.ndarray,
         k_cache: np.ndarray,
         v_cache: np.ndarray,
-        logit_rows: np.ndarray,
+        logit_rows: Sequence[int] | np.ndarray,
     ) -> np.ndarray:
         """Run a flat batch of T tokens through the model.
 
-        tokens, slots, positions: (T,) int; token t sits at `positions[t]` of the sequence in
-        cache slot `slots[t]`; tokens of one slot are contiguous and in position order.
+        tokens, slots, positions: (T,) ints (lists or arrays); token t sits at `positions[t]` of
+        the sequence in cache slot `slots[t]`; tokens of one slot are contiguous and in position
+        order.
         k_cache, v_cache: (layers, slots, kv_heads, capacity, head_dim), written in place.
         logit_rows: indices into the T tokens whose logits are returned -> (len(logit_rows), vocab).
         """
         a = self.args
+        tokens, slots, positions, logit_rows = (np.asarray(x, dtype=np.int64) for x in (
+            tokens, slots, positions, logit_rows))
         T = tokens.shape[0]
         runs = _slot_runs(slots)
 
