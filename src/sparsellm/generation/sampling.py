@@ -131,7 +131,7 @@ class Sampler:
         if self.config.deterministic:
             for proc in self.procs:
                 logits = proc(logits, history)
-            return int(np.argmax(logits))
+            return int(logits.argmax())
         return self.draw(self.distribution(logits, history))
 
     def draw(self, probs: np.ndarray) -> int:
