@@ -17,7 +17,7 @@ class IncrementalDetokenizer:
     each new token's bytes go through an incremental UTF-8 decoder, which holds back an
     incomplete character until its last byte arrives. This runs once per token of every stream
     just after a decode step's weight stream has flushed the CPU caches, where a table lookup
-    costs a few microseconds and a call into the tokenizer ~50.
+    costs a few microseconds and a call into the tokenizer ~50 us.
 
     Other tokenizers (SentencePiece's leading space depends on what comes before) decode a short
     window of recent ids and emit only the new suffix, once it no longer ends in an incomplete

@@ -147,7 +147,7 @@ class NativeDecoderModel:
             out[sel] = part
         return out
 
-    def _native_forward(self, *args: np.ndarray) -> None:
+    def _native_forward(self, *args: Sequence[int] | np.ndarray) -> None:
         start = time.perf_counter()
         self._model.forward(*args)
         self.native_seconds += time.perf_counter() - start
