@@ -117,12 +117,46 @@ def test_w8a8_results_are_bitwise_the_same_on_every_isa(rng, fmt):
             np.testing.assert_array_equal(a, b, err_msg=f"{fmt}: {isa} vs scalar")
 
 
-def test_activation_quantization_twin(isa, rng):
-    # W8A8 through the native path and the reference must agree within one LSB flip at most.
-    w = rng.standard_normal((32, 128)).astype(np.float32)
-    p = kernels.pack(w, "int8_a8")
-    x = np.zeros((1, 128), np.float32)  # all-zero token: scale 0, output 0
-    assert (kernels.linear(x, p) == 0).all()
+def _activation_rows(rng, n):
+    """Token rows that stress per-token int8: random, an outlier, all-equal, ties, zero, tiny."""
+    x = rng.standard_normal((8, n)).astype(np.float32)
+    x[1, 7] = 300.0  # one outlier: the rest of the row quantizes to a few levels
+    x[2] = 0.37  # all-equal rows: every value is the row's max
+    x[3] = -2.5
+    x[4] = 0.0  # scale 0, codes 0
+    x[5, :] = 0.5  # with max 127: x * 127 / max is exactly k + 0.5, rounded half to even
+    x[5, 0] = 127.0
+    x[5, 1:6] = [2.5, 3.5, -2.5, -3.5, 126.5]
+    x[6] *= 1e-30  # tiny but nonzero
+    x[7, ::2] *= -40.0
+    return x
+
+
+@pytest.mark.parametrize("n", [128, 200])  # 200: not a multiple of 32 before padding
+def test_activation_quantization_twin(isa, rng, n):
+    """The kernels' per-token int8 activation quantization equals the NumPy twin
+    (`reference.quantize_activations`) to within one LSB: read through an identity W8A8 weight,
+    y[t, i] = xq[t, i] * xscale[t] exactly (weight scale 1/127, codes 127)."""
+    p = kernels.pack(np.eye(n, dtype=np.float32), "int8_a8")
+    unit = np.diag(ref.dequantize(p))  # 127 * float32(1 / 127) per output channel
+    x = _activation_rows(rng, n)
+    y = kernels.linear(x, p)
+    xq, scale = ref.quantize_activations(x)
+    assert xq.dtype == np.int8 and np.abs(xq).max() == 127
+    np.testing.assert_array_equal(scale[[2, 3, 4, 5]], [np.float32(0.37) / np.float32(127),
+                                                        np.float32(2.5) / np.float32(127), 0, 1])
+    assert (xq[2] == 127).all() and (xq[3] == -127).all() and not xq[4].any()
+    assert xq[5, 1:6].tolist() == [2, 4, -2, -4, 126]  # ties to even
+    assert xq[1, 7] == 127 and np.abs(np.delete(xq[1], 7)).max() <= 2
+    live = scale > 0
+    codes = np.zeros_like(y)
+    codes[live] = y[live] / (scale[live, None] * unit[None, :])
+    assert np.abs(codes - np.rint(codes)).max() < 1e-3  # y really is codes times the scale
+    codes = np.rint(codes).astype(np.int32)
+    assert np.abs(codes - xq).max() <= 1, f"{isa}: more than one LSB apart"
+    assert (codes != xq).mean() < 0.01, f"{isa}: LSB flips on many values"
+    assert not y[4].any()  # all-zero token: scale 0, output 0
+    np.testing.assert_allclose(y, ref.linear(x, p), rtol=0, atol=1.01 * scale.max())
 
 
 def test_bad_inputs_raise_actionable_errors(rng):

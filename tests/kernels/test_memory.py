@@ -35,5 +35,28 @@ def test_gather_keeps_contents_and_results_and_packs_buffers_in_order():
         np.testing.assert_array_equal(linear(x, w), y)
 
 
-def test_gather_of_nothing_is_a_no_op():
-    gather([])
+def test_gather_of_nothing_is_a_no_op(monkeypatch):
+    """No weights (or only empty ones): no mapping is made and no buffer moves."""
+    import sparsellm.kernels.memory as memory
+
+    rng = np.random.default_rng(1)
+    w = pack(rng.standard_normal((8, 64)).astype(np.float32), "int8_a8")
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    before = linear(x, w)
+    addresses = {k: a.ctypes.data for k, a in w.arrays.items()}
+    contents = {k: a.copy() for k, a in w.arrays.items()}
+
+    def no_mapping(*args, **kwargs):
+        raise AssertionError("gather of nothing mapped memory")
+
+    monkeypatch.setattr(memory.mmap, "mmap", no_mapping)
+    assert gather([]) is None
+    assert gather(iter([])) is None
+    # a weight that was not passed keeps its buffers where they were, unchanged
+    assert {k: a.ctypes.data for k, a in w.arrays.items()} == addresses
+    for k, a in w.arrays.items():
+        np.testing.assert_array_equal(a, contents[k])
+    np.testing.assert_array_equal(linear(x, w), before)
+    monkeypatch.undo()
+    gather([w])  # and the same weight, passed, does move
+    assert {k: a.ctypes.data for k, a in w.arrays.items()} != addresses
