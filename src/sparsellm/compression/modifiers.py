@@ -107,8 +107,8 @@ class QuantizationModifier(_ScheduleKeys):
     config_groups: dict[str, QuantizationScheme] | None = None
     scheme_overrides: dict[str, SchemeOverride | None] | None = None
     kv_cache_scheme: None = None
-    # SparseML keys: static activation calibration is not implemented (activations are declared
-    # dynamic per token), so these are accepted and noted.
+    # SparseML keys: static activation calibration is not implemented (int8 activations are
+    # dynamic per token, which needs no calibration), so these are accepted as no-ops.
     post_oneshot_calibration: bool = False
     num_calibration_steps: int | None = None
     disable_quantization_observer_epoch: float | None = None

@@ -264,11 +264,11 @@ def resolve_targets(
             selected[m.name] = max(spec, selected.get(m.name, -1))
     for ig in ignore:
         found, _ = match_target(ig, modules)
-        if not found:
-            why = ("it is tied to the embedding, not a separate tensor" if ig in ("lm_head",
-                   "re:.*lm_head") and tied_embeddings else
-                   "it holds no weights" if _NON_WEIGHT.match(ig) else "it matches no weight")
-            notes.append(f"{where}: ignore entry {ig!r} has no effect ({why})")
+        # Ignoring what holds no weights (LlamaRotaryEmbedding, ...) or a tied lm_head (not a
+        # tensor of its own) is what the recipes people share do; only a miss is worth a note.
+        quiet = _NON_WEIGHT.match(ig) or (tied_embeddings and ig in ("lm_head", "re:.*lm_head"))
+        if not found and not quiet:
+            notes.append(f"{where}: ignore entry {ig!r} has no effect (it matches no weight)")
         for m in found:
             selected.pop(m.name, None)
     return selected
@@ -327,16 +327,15 @@ class Plan:
 
 def build_plan(recipe: Recipe, modules: Sequence[WeightModule],
                tied_embeddings: bool = False) -> Plan:
-    """Which compression each weight gets. Errors name the modifier and key."""
+    """Which compression each weight gets. Errors name the modifier and key; notes say what a
+    recipe asks for that has no effect on this model. Every stage of a recipe runs in the same
+    calibrated one-shot pass, layer by layer."""
     notes: list[str] = []
     by_name = {m.name: m for m in modules}
     prune: dict[str, PruneSpec] = {}
     quant: dict[str, tuple[int, QuantSpec]] = {}
     for where, mod in recipe.modifiers:
         if isinstance(mod, QuantizationModifier):
-            if mod.post_oneshot_calibration:
-                notes.append(f"{where}: post_oneshot_calibration: static activation scales are "
-                             "not calibrated; int8 activations are declared dynamic per token")
             for scheme in mod.schemes():
                 if scheme.weights is None:
                     continue
@@ -399,7 +398,4 @@ def build_plan(recipe: Recipe, modules: Sequence[WeightModule],
             plans[m.name] = TensorPlan(m, p, q)
     if not plans:
         raise RecipeError("the recipe selects no weights to compress")
-    notes = list(dict.fromkeys(notes))
-    if len(recipe.modifiers) > 1 and len({w.split(".")[0] for w, _ in recipe.modifiers}) > 1:
-        notes.append("all stages run in one calibrated one-shot pass")
-    return Plan(plans, notes)
+    return Plan(plans, list(dict.fromkeys(notes)))
