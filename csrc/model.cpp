@@ -36,6 +36,9 @@ NativeModel::NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, Oute
   if (c.residual != Residual::Sequential) par_.resize(M * D);
   if (c.gated) gate_.resize(M * c.intermediate);
   up_.resize(M * c.intermediate);
+  if (outer_.embed.rows != c.vocab || outer_.embed.cols != D)
+    throw std::invalid_argument("embed must be (vocab, hidden)");
+  embed_row_.resize(outer_.embed.kp);
   cos_.resize(M * c.rotary_dim / 2);
   sin_.resize(M * c.rotary_dim / 2);
   // Size linear()'s scratch for the widest input of any projection (incl. lm_head).
@@ -155,7 +158,8 @@ void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int
 
   const int64_t D = c.hidden;
   for (int64_t t = 0; t < T; ++t) {
-    std::memcpy(x_.data() + t * D, outer_.embed + tokens[t] * D, D * sizeof(float));
+    scalar::decode_rows(outer_.embed, tokens[t], tokens[t] + 1, embed_row_.data());
+    std::memcpy(x_.data() + t * D, embed_row_.data(), D * sizeof(float));
     if (outer_.pos_embed) add_inplace(x_.data() + t * D, outer_.pos_embed + positions[t] * D, D);
   }
   rope_tables(positions, T, c.inv_freq.data(), c.rotary_dim / 2, cos_.data(), sin_.data());

@@ -53,7 +53,7 @@ struct KVCache {
 
 // Non-layer weights: token (and learned position) embeddings, final norm, lm_head.
 struct OuterWeights {
-  const float* embed = nullptr;       // (vocab, hidden)
+  Weight embed;                       // (vocab, hidden), any packed format (rows decoded)
   const float* pos_embed = nullptr;   // (max_positions, hidden) or null
   const float* final_norm = nullptr;  // (hidden,)
   const float* final_norm_b = nullptr;  // (hidden,) or null
@@ -97,6 +97,7 @@ class NativeModel {
   AlignedVector<float> up_;      // (M, intermediate)  up_proj
   AlignedVector<float> cos_;     // (M, rot / 2)       RoPE tables for this call's positions
   AlignedVector<float> sin_;     // (M, rot / 2)
+  AlignedVector<float> embed_row_;  // (embed.kp,)     one decoded embedding row
   AlignedVector<float> scores_;  // attention()'s scratch: scores, partial results (grown there)
   LinearScratch lin_;            // activations padding / quantization / decoded panels
 };

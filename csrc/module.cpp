@@ -140,7 +140,7 @@ const float* arr_of(py::object o, int64_t n, const char* name, py::list& keep) {
 // config: the decoder spec (see model.h ModelConfig); layers: one dict per layer of packed
 // weights ("q", "k", "v", "o", "gate" (gated MLPs), "up", "down") and fp32 vectors (norms and
 // biases, None when absent).
-PyModel make_model(const py::dict& cfg, const py::list& layers, py::array embed,
+PyModel make_model(const py::dict& cfg, const py::list& layers, py::object embed,
                    py::object pos_embed, py::array final_norm, py::object final_norm_b,
                    py::object lm_head, py::object lm_head_b) {
   ModelConfig c;
@@ -193,14 +193,15 @@ PyModel make_model(const py::dict& cfg, const py::list& layers, py::array embed,
     l.bdown = vec_of(d, "bdown", D, pm.keep);
     lw.push_back(l);
   }
-  if (embed.ndim() != 2 || embed.shape(0) != c.vocab || embed.shape(1) != D)
+  const PyWeight& emb = embed.cast<const PyWeight&>();
+  if (emb.w.rows != c.vocab || emb.w.cols != D)
     throw std::invalid_argument("embed must be (vocab, hidden)");
   if (final_norm.size() != D) throw std::invalid_argument("final_norm must be (hidden,)");
   const PyWeight& head = lm_head.cast<const PyWeight&>();
   if (head.w.rows != c.vocab || head.w.cols != D)
     throw std::invalid_argument("lm_head must be (vocab, hidden)");
   OuterWeights o;
-  o.embed = ptr_of<float>(embed, "embed");
+  o.embed = emb.w;
   o.pos_embed = arr_of(pos_embed, c.max_positions * D, "pos_embed", pm.keep);
   o.final_norm = ptr_of<float>(final_norm, "final_norm");
   o.final_norm_b = arr_of(final_norm_b, D, "final_norm_b", pm.keep);

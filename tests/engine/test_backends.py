@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
@@ -18,8 +17,7 @@ EXACT_FORMATS = ["fp32", "fp16", "int8", "int4_g32", "int4_g64_asym", "sparse_in
 
 def _pruned_2_4(checkpoint):
     """A copy whose linear weights keep the 2 largest of every 4 (a valid 2:4 pattern)."""
-    pruned = copy.copy(checkpoint)
-    pruned.tensors = dict(checkpoint.tensors)
+    tensors = dict(checkpoint.tensors)
     names = checkpoint.linear_weight_names
     for name in names:
         if name == "lm_head.weight" and name not in checkpoint.tensors:
@@ -29,8 +27,8 @@ def _pruned_2_4(checkpoint):
         keep = np.argsort(groups, axis=-1)[..., 2:]
         mask = np.zeros_like(groups, dtype=bool)
         np.put_along_axis(mask, keep, True, axis=-1)
-        pruned.tensors[name] = w * mask.reshape(w.shape)
-    return pruned
+        tensors[name] = w * mask.reshape(w.shape)
+    return checkpoint.with_tensors(tensors)
 
 
 def _greedy(engine: Engine, ids: list[int], n: int,

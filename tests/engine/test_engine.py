@@ -120,8 +120,12 @@ def test_kv_cache_memory_becomes_resident_as_it_fills():
     assert cache.k[:, :, :, 1:].max() == 0 and cache.k.flags.writeable
 
 
-def test_checkpoint_tensors_are_read_at_each_access(checkpoint):
+def test_stored_tensors_are_read_only_views_of_the_mapped_file(checkpoint):
+    """Nothing is read into private memory at load: a float32 file's tensors are views of its
+    memory map (shared page cache), and a caller cannot write through them to the file."""
     name = "model.layers.0.mlp.up_proj.weight"
-    a, b = checkpoint.tensors[name], checkpoint.tensors[name]
-    assert a is not b and not np.shares_memory(a, b)
-    np.testing.assert_array_equal(a, b)
+    a, b = checkpoint.stored[name], checkpoint.stored[name]
+    assert a.dtype == np.float32 and np.shares_memory(a, b)
+    assert not a.flags.writeable and not a.flags.owndata
+    with pytest.raises(ValueError, match="read-only"):
+        a[0, 0] = 1.0

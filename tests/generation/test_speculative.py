@@ -23,16 +23,12 @@ PROMPTS = [
 
 def _perturbed(checkpoint, scale: float, seed: int = 0):
     """A draft that mostly agrees with `checkpoint`: its weights plus relative noise."""
-    import copy
-
-    draft = copy.copy(checkpoint)
     rng = np.random.default_rng(seed)
-    draft.tensors = {
+    return checkpoint.with_tensors({
         k: v + rng.normal(0, scale * float(np.abs(v).mean()), v.shape).astype(np.float32)
         if v.ndim == 2 else v
         for k, v in checkpoint.tensors.items()
-    }
-    return draft
+    })
 
 
 def _random_dist(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:

@@ -44,7 +44,7 @@ def test_variants_really_differ(tiny_model_dir, hf_model, hf_logits_fn, token_id
     base = load_checkpoint(tiny_model_dir("llama"))
     for variant in ["llama3_rope", "llama_linear_rope"]:
         ck = load_checkpoint(tiny_model_dir(variant))
-        ck.tensors = base.tensors  # same weights, only the rope differs
+        ck = ck.with_tensors(base.tensors)  # same weights, only the rope differs
         plain = dict(ck.config, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
                      rope_scaling=None, rope_theta=1e4)
         scaled = our_logits(ck, ids)

@@ -91,7 +91,7 @@ class Engine:
         if backend == "native":
             if num_cores is not None:
                 set_num_threads(num_cores)
-            self.model = NativeDecoderModel(self.args, self.checkpoint.tensors, self.formats,
+            self.model = NativeDecoderModel(self.args, self.checkpoint.stored, self.formats,
                                           packed=packed, max_tokens=max(
                                               prompt_processing_sequence_length, max_sequences))
         else:

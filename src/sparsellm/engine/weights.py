@@ -7,10 +7,10 @@ import logging
 import numpy as np
 
 from ..kernels import FORMATS, PackedWeight, pack, parse_format
-from ..kernels.formats import dense_twin, pack_quantized
+from ..kernels.formats import dense_twin, float_format, pack_quantized
 from ..kernels.reference import with_dequantized
 from ..models import Checkpoint
-from ..models.formats import DENSE_FP32, WeightFormat
+from ..models.formats import WeightFormat
 
 logger = logging.getLogger(__name__)
 EMBEDDING = "model.embed_tokens.weight"
@@ -24,7 +24,8 @@ def weight_formats(
     Declared formats win (`checkpoint.weight_formats`, with the stored integers packed as they
     are; a tied lm_head follows the embedding's); `weights` instead converts every linear weight
     on load (a sparse format keeps the zeros of a pruned checkpoint; the never-pruned lm_head
-    gets its dense twin); anything else is fp32.
+    gets its dense twin); anything else runs in the float format it is stored in (bf16 or fp16
+    checkpoints stay bf16 or fp16, never widened; everything else fp32).
     """
     names = checkpoint.linear_weight_names
     if weights is not None:
@@ -39,11 +40,15 @@ def weight_formats(
     declared_formats = dict(checkpoint.weight_formats)
     stored_as = {}  # a tied lm_head is stored as the embedding table
     if "lm_head.weight" not in checkpoint.tensors:
-        declared_formats["lm_head.weight"] = tied_head_format(checkpoint)
+        head = tied_head_format(checkpoint)
+        if head is not None:
+            declared_formats["lm_head.weight"] = head
         stored_as["lm_head.weight"] = EMBEDDING
+    stored = checkpoint.stored
     for name in names:
         declared = declared_formats.get(name)
-        formats[name] = declared.name if declared else "fp32"
+        formats[name] = declared.name if declared else \
+            float_format(stored[stored_as.get(name, name)].dtype)
         parse_format(formats[name])  # an unsupported declared format fails here, by name
         qt = checkpoint.quantized.get(stored_as.get(name, name))
         if qt is not None and qt.format == declared:  # else packed from the fp32 values
@@ -57,13 +62,14 @@ def weight_formats(
     return formats, packed
 
 
-def tied_head_format(checkpoint: Checkpoint) -> WeightFormat:
+def tied_head_format(checkpoint: Checkpoint) -> WeightFormat | None:
     """The format a tied lm_head runs in: the embedding table's declared weight format, with
     8-bit zero points dropped (the int8 kernels are symmetric; such a table is requantized
-    symmetrically, within one quantization step of the stored values)."""
+    symmetrically, within one quantization step of the stored values); None for a float table
+    (the head then runs in the table's own float format, sharing its memory)."""
     emb = checkpoint.weight_formats.get(EMBEDDING)
     if emb is None or emb.bits == 32:
-        return DENSE_FP32
+        return None
     if emb.bits == 8:
         return WeightFormat(bits=8)
     return WeightFormat(bits=emb.bits, group_size=emb.group_size or 32, symmetric=emb.symmetric)

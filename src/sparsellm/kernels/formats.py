@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import BFLOAT16
+
 COL_ALIGN = 64
 _VALUE_PAD = 64  # bytes after sparse values: SIMD kernels may read up to 32 bytes past the end
 
@@ -165,6 +167,16 @@ def _as_matrix(w: np.ndarray) -> np.ndarray:
     if w.ndim != 2:
         raise ValueError(f"expected a 2-D (out, in) weight, got shape {w.shape}")
     return w.astype(np.float32, copy=False)
+
+
+# Half-width float formats whose packed data is the stored bits themselves.
+_STORED_AS = {"fp16": np.dtype(np.float16), "bf16": BFLOAT16}
+
+
+def float_format(dtype: np.dtype) -> str:
+    """The float format that runs a tensor stored as `dtype` without converting it: "bf16",
+    "fp16", else "fp32" (float32, and anything that is converted to it)."""
+    return next((name for name, d in _STORED_AS.items() if d == dtype), "fp32")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,6 +313,13 @@ def pack(w: np.ndarray, format: str, mask: np.ndarray | None = None) -> PackedWe
     the mask are dropped. Dense formats ignore zeros and accept no mask.
     """
     s = parse_format(format)
+    w = np.asarray(w)
+    if w.dtype == _STORED_AS.get(s.kind) and w.ndim == 2 and mask is None:
+        # Already in this format (a bf16 / fp16 checkpoint): the bits as stored, no fp32 copy,
+        # and no copy at all when the width is aligned (a view of a memory-mapped file stays one).
+        kp = padded_cols(w.shape[1])
+        return PackedWeight(format=format, shape=(w.shape[0], w.shape[1]), kp=kp,
+                            arrays={"data": _pad(w.view(np.uint16), kp)})
     w = _as_matrix(w)
     out, cols = w.shape
     kp = padded_cols(cols, s.group)

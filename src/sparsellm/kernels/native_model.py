@@ -22,9 +22,10 @@ from ..models.decoder import ACTIVATIONS, RESIDUALS, ModelArgs, linear_weight_na
 from ..models.rope import rope_inv_freq
 from . import reference
 from ._ext import native
-from .formats import PackedWeight, pack
+from .formats import PackedWeight, float_format, pack
 from .memory import gather
 
+EMBEDDING = "model.embed_tokens.weight"
 # C++ layer-dict key -> canonical name suffix inside "model.layers.{i}."
 _LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
            "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
@@ -66,20 +67,31 @@ class NativeDecoderModel:
         if unknown:
             raise ValueError(f"formats given for unknown weights {sorted(unknown)[:3]}; "
                              f"linear weights are e.g. {names[0]!r}, 'lm_head.weight'")
-        embed = np.ascontiguousarray(tensors["model.embed_tokens.weight"], dtype=np.float32)
+        # Weights packed as the caller's own arrays (fp32, or bf16/fp16 as stored: views of a
+        # memory-mapped file) stay where they are; the rest move into one huge-page block.
+        in_place: set[int] = set()
+
+        def pack_from(w: np.ndarray, fmt: str, mask: np.ndarray | None = None) -> PackedWeight:
+            p = pack(w, fmt, mask)
+            if np.may_share_memory(p.arrays["data"], w):
+                in_place.add(id(p))
+            return p
+
+        # The embedding table runs in the float format it is stored in (rows are decoded at
+        # lookup); a tied lm_head in that same format is the same packed weight.
+        stored_embed = tensors[EMBEDDING]
+        embed = pack_from(stored_embed, float_format(stored_embed.dtype))
         self.packed: dict[str, PackedWeight] = {}
-        in_place = set()  # fp32 weights packed as the caller's arrays themselves
         for name in names:
+            fmt = formats.get(name, "fp32")
             if name in packed:
                 self.packed[name] = packed[name]
-                continue
-            w = embed if name == "lm_head.weight" and name not in tensors else tensors[name]
-            self.packed[name] = pack(w, formats.get(name, "fp32"), masks.get(name))
-            if np.may_share_memory(self.packed[name].arrays["data"], w):
-                in_place.add(name)
-        # Into one huge-page block, except fp32 weights that are the caller's arrays: a copy
-        # doubles them while the caller holds them, and fp32 decode gains nothing from it.
-        gather(self.packed[name] for name in names if name not in in_place)
+            elif name == "lm_head.weight" and name not in tensors:
+                self.packed[name] = embed if fmt == embed.format else pack_from(stored_embed, fmt)
+            else:
+                self.packed[name] = pack_from(tensors[name], fmt, masks.get(name))
+        moved = {id(w): w for w in [*self.packed.values(), embed] if id(w) not in in_place}
+        gather(moved.values())
 
         def vec(name: str) -> np.ndarray | None:
             t = tensors.get(name)
@@ -108,7 +120,8 @@ class NativeDecoderModel:
         }
         self._tensors = tensors
         self._model = native().NativeModel(
-            config, layers, embed, pos_embed, vec("model.norm.weight"), vec("model.norm.bias"),
+            config, layers, embed.native(), pos_embed, vec("model.norm.weight"),
+            vec("model.norm.bias"),
             self.packed["lm_head.weight"].native(),
             vec("lm_head.bias") if args.lm_head_bias else None)
 
@@ -156,3 +169,4 @@ class NativeDecoderModel:
         """The tensors dict with every linear weight replaced by what the kernels multiply by
         (for DecoderModel reference runs and quality checks)."""
         return reference.with_dequantized(self._tensors, self.packed)
+

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..dtypes import as_float32
 from ..models import decoder
 from .formats import _SLOT_CHUNK, KV_SCALE_BYTES, PackedWeight, _unpack_row_blocks
 
@@ -106,7 +107,7 @@ def with_dequantized(tensors: Mapping[str, np.ndarray],
                       packed: Mapping[str, PackedWeight]) -> dict[str, np.ndarray]:
     """`tensors` with each packed weight replaced by exactly what the kernels multiply by (for
     the NumPy reference forward); weights that are packed are never read from `tensors`."""
-    out = {name: tensors[name] for name in tensors if name not in packed}
+    out = {name: as_float32(tensors[name]) for name in tensors if name not in packed}
     out.update({name: dequantize(p) for name, p in packed.items()})
     return out
 

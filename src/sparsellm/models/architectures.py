@@ -39,6 +39,9 @@ class Architecture:
     from_hf: Callable[[Tensors, ModelArgs], Tensors]  # HF tensors -> canonical tensors
     gguf_names: tuple[str, ...] = ()
     gguf: GGUFSpec | None = None
+    # The HF tensor names are the canonical ones (from_hf renames nothing), so stored tensors
+    # are used as the files hold them and third-party compressed checkpoints are readable.
+    canonical_hf_names: bool = False
 
     def args(self, config: dict[str, Any]) -> ModelArgs:
         """model_args with a clear error for a config.json missing a required key."""
@@ -57,6 +60,7 @@ ARCHITECTURES = [
         gguf_names=("llama", "mistral", "qwen2"),
         gguf=GGUFSpec(llama.gguf_config, llama.GGUF_TENSOR_NAMES, llama.from_gguf,
                       lazy=True),
+        canonical_hf_names=True,
     ),
     Architecture("gpt2", "GPT-2, DistilGPT2", ("GPT2LMHeadModel",), gpt2.model_args,
                  gpt2.from_hf, ("gpt2",),

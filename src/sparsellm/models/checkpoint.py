@@ -3,6 +3,7 @@ tensors + config + tokenizer. I/O lives here; architectures hold only math."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import as_float32
 from ..tokenizer import Tokenizer
 from .architectures import Architecture, find_architecture
 from .compressed import decode_compressed_tensors, is_compressed_config
@@ -36,9 +38,12 @@ class Checkpoint:
     """A loaded model: canonical (HF-named) tensors, config and tokenizer.
 
     `tensors` always gives fp32 values (dequantized where the checkpoint stores integers), which
-    the NumPy reference path and calibration use; `weight_formats` says how a tensor is stored and
-    should run natively, and `quantized` gives the exact integers for those that are. From
-    safetensors both are LazyTensors: read from the files at each access, never kept.
+    the NumPy reference path and calibration use; `stored` gives the same tensors in the float
+    dtype the file holds them in (bfloat16, float16 or float32; memory-mapped views where the
+    file's layout allows), which the native runtime packs from without widening the model to
+    fp32; `weight_formats` says how a tensor is stored and should run natively, and `quantized`
+    gives the exact integers for those that are. From safetensors all are LazyTensors: read from
+    the files at each access, never kept.
     """
 
     path: Path
@@ -52,6 +57,17 @@ class Checkpoint:
     weight_formats: dict[str, WeightFormat] = field(default_factory=dict)
     quantized: Mapping[str, QuantizedTensor] = field(default_factory=dict)
     deployment: dict[str, Any] = field(default_factory=dict)  # an exported folder's settings
+    stored: Mapping[str, np.ndarray] | None = None  # None: the same as `tensors` (fp32)
+    source_files: list[Path] = field(default_factory=list)  # the weight files read
+
+    def __post_init__(self) -> None:
+        if self.stored is None:
+            self.stored = self.tensors
+
+    def with_tensors(self, tensors: Mapping[str, np.ndarray]) -> Checkpoint:
+        """A copy over other fp32 tensors (e.g. pruned or perturbed in memory), which are then
+        also what the native runtime packs from."""
+        return dataclasses.replace(self, tensors=tensors, stored=None)
 
     @property
     def args(self) -> ModelArgs:
@@ -131,24 +147,29 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
     config = json.loads(config_path.read_text())
     names = config.get("architectures") or [config.get("model_type", "?")]
     arch = find_architecture(names[0])
-    files = [SafetensorsFile(f) for f in _safetensors_files(folder)]
+    paths = _safetensors_files(folder)
+    files = [SafetensorsFile(f) for f in paths]
     raw = LazyTensors({name: partial(f.__getitem__, name) for f in files for name in f})
+    stored = None
     formats: dict[str, WeightFormat] = {}
     quantized: Mapping[str, QuantizedTensor] = {}
     args = arch.args(config)
     canonical = config.get(TENSOR_NAMES_KEY) == "canonical"
     if is_compressed_config(config):  # compressed-tensors: integers, bitmasks, declared formats
-        if not canonical and arch.name != "llama":
+        if not (canonical or arch.canonical_hf_names):
             raise ValueError(
                 f"{folder}: compressed-tensors checkpoints of {names[0]} are supported as "
                 "sparsellm writes them (canonical tensor names); compress the float model with "
                 "`sparsellm compress` instead")
-        tensors, formats, quantized, notes = decode_compressed_tensors(raw, config)
+        tensors, formats, quantized, notes = decode_compressed_tensors(
+            transform_each(raw, _float32_tensor), config)
         for note in notes:
             logger.info("%s: %s", folder, note)
     else:
         tensors = transform_each(raw, _float32_tensor)
-        if not canonical:  # Llama's names are canonical: stays lazy
+        if canonical or arch.canonical_hf_names:
+            stored = raw
+        else:
             tensors = arch.from_hf(tensors, args)
     check_tensors(tensors, args, str(folder))
     gen_path = folder / "generation_config.json"
@@ -164,6 +185,8 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
         weight_formats=formats,
         quantized=quantized,
         deployment=json.loads(deployment_path.read_text()) if deployment_path.is_file() else {},
+        stored=stored,
+        source_files=paths,
     )
 
 
@@ -200,6 +223,4 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 
 def _float32_tensor(name: str, arr: np.ndarray) -> np.ndarray:
-    if np.issubdtype(arr.dtype, np.floating) and arr.dtype != np.float32:
-        return arr.astype(np.float32)
-    return arr
+    return as_float32(arr)

@@ -1,4 +1,5 @@
-"""GGUF files: metadata -> HF-style config, tensors dequantized to fp32 with canonical names."""
+"""GGUF files: metadata -> HF-style config, tensors with canonical names: float tensors (F32,
+F16, BF16) as memory-mapped views in their own dtype, quantized ones dequantized to fp32."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import BFLOAT16, as_float32
 from ..tokenizer import Tokenizer
 from .architectures import GGUFSpec, find_architecture
 from .checkpoint import Checkpoint, check_tensors
 from .convert import expand
-from .lazy import LazyTensors
+from .lazy import LazyTensors, transform_each
 
 
 def read_gguf_metadata(reader: Any) -> dict[str, Any]:
@@ -58,9 +60,14 @@ def load_gguf(path: Path) -> Checkpoint:
     if unexpected:
         raise ValueError(f"{path}: unexpected tensor {unexpected[0]!r} for architecture "
                          f"{arch_name}")
-    # Dequantized at each access from the memory-mapped file, like safetensors checkpoints.
-    raw = LazyTensors({name_map[t.name]: partial(_dequantize, t) for t in reader.tensors})
-    tensors = arch.gguf.convert(raw if arch.gguf.lazy else dict(raw), args, arch_name)
+    # Read (and dequantized) at each access from the memory-mapped file, like safetensors.
+    raw = LazyTensors({name_map[t.name]: partial(_stored, t) for t in reader.tensors})
+    if arch.gguf.lazy:
+        stored = arch.gguf.convert(raw, args, arch_name)
+        tensors = transform_each(stored, _float32)
+    else:  # the conversion needs every tensor at once (e.g. fused ones split): fp32 throughout
+        stored = None
+        tensors = arch.gguf.convert({n: as_float32(t) for n, t in raw.items()}, args, arch_name)
     check_tensors(tensors, args, str(path))
     return Checkpoint(
         path=path,
@@ -70,13 +77,25 @@ def load_gguf(path: Path) -> Checkpoint:
         tensors=tensors,
         tokenizer=Tokenizer.from_gguf_metadata(meta),
         generation_config={},
+        stored=stored,
+        source_files=[path],
     )
 
 
-def _dequantize(t: Any) -> np.ndarray:
-    """One GGUF tensor as fp32 in (rows, cols) order."""
+def _stored(t: Any) -> np.ndarray:
+    """One GGUF tensor in (rows, cols) order: float types as views of the file in their own
+    dtype, quantized types dequantized to fp32."""
     import gguf
 
-    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
+    kind = gguf.GGMLQuantizationType
+    if t.tensor_type in (kind.F32, kind.F16):
+        return np.asarray(t.data).reshape(shape)
+    if t.tensor_type == kind.BF16:
+        return np.asarray(t.data).reshape(-1).view(np.uint8).view(BFLOAT16).reshape(shape)
+    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
     return np.ascontiguousarray(w.reshape(shape))
+
+
+def _float32(name: str, t: np.ndarray) -> np.ndarray:
+    return as_float32(t)

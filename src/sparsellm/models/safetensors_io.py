@@ -1,4 +1,5 @@
-"""Read and write .safetensors files with NumPy only (bf16 included, which numpy lacks)."""
+"""Read and write .safetensors files with NumPy only: memory-mapped, each tensor in the dtype the
+file stores (bfloat16 through `ml_dtypes`, which NumPy lacks)."""
 
 from __future__ import annotations
 
@@ -10,42 +11,56 @@ from pathlib import Path
 
 import numpy as np
 
+from ..dtypes import BFLOAT16
+
 _DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": BFLOAT16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
     "U16": np.uint16, "U32": np.uint32, "BOOL": np.bool_,
 }
-_NAMES = {np.dtype(v): k for k, v in _DTYPES.items() if k not in ("BF16", "U16")}
-_NAMES[np.dtype(np.uint16)] = "U16"
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
 class SafetensorsFile(Mapping[str, np.ndarray]):
-    """The tensors of one .safetensors file, each read from disk when accessed: no memory map,
-    nothing cached, so weights are resident only where a caller keeps them. BF16 is widened to
-    float32."""
+    """The tensors of one .safetensors file as read-only views of a memory map of it, in the
+    dtype the file stores: nothing is read until a tensor's pages are touched, the pages are the
+    page cache's (shared by every process that maps the file), and nothing is copied unless a
+    caller converts. A file shorter than its header says is refused when opened."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        size = self.path.stat().st_size
         with open(self.path, "rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(header_len))
+            head = f.read(8)
+            header_len = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < header_len <= size - 8:
+                raise ValueError(f"{self.path}: not a safetensors file (header length "
+                                 f"{header_len} for a file of {size} bytes)")
+            try:
+                header = json.loads(f.read(header_len))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ValueError(f"{self.path}: corrupt safetensors header ({e})") from None
         self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        self._data_start = 8 + header_len
         for name, info in header.items():
             if info["dtype"] not in _DTYPES:
                 raise ValueError(f"{self.path}: tensor {name} has unsupported dtype "
                                  f"{info['dtype']}")
+            end = self._data_start + info["data_offsets"][1]
+            if end > size:
+                raise ValueError(f"{self.path}: truncated: tensor {name} ends at byte {end} "
+                                 f"but the file has {size} bytes (an interrupted download or "
+                                 "copy?)")
         self._info = header
-        self._data_start = 8 + header_len
+        self._map: np.memmap | None = None
 
     def __getitem__(self, name: str) -> np.ndarray:
         info = self._info[name]
         start, stop = info["data_offsets"]
-        raw = np.fromfile(self.path, dtype=np.uint8, count=stop - start,
-                          offset=self._data_start + start)
-        arr = raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
-        if info["dtype"] == "BF16":
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        return arr
+        if self._map is None:  # one map per file, opened at the first access
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        raw = np.asarray(self._map[self._data_start + start:self._data_start + stop])
+        return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
 
     def __contains__(self, name: object) -> bool:  # without reading (Mapping's default would)
         return name in self._info
@@ -58,8 +73,8 @@ class SafetensorsFile(Mapping[str, np.ndarray]):
 
 
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of one file, read into memory; BF16 is widened to float32."""
-    return dict(SafetensorsFile(path))
+    """Every tensor of one file, copied into memory in its stored dtype."""
+    return {name: np.array(t) for name, t in SafetensorsFile(path).items()}
 
 
 def write_safetensors(
