@@ -72,8 +72,8 @@ def test_serve_engine_flags_go_with_model_path(tmp_path, tiny_llama_dir):
                   "--draft-model", str(tiny_llama_dir))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [
-        "sparsellm serve: error: --kv-cache-dtype, --draft-model go with --model_path; with "
-        "--config-file set them per endpoint (task, kwargs)"]
+        "sparsellm serve: error: --kv-cache-dtype, --draft-model go with a model (MODEL or "
+        "--model_path); with --config-file set them per endpoint (task, name, kwargs)"]
 
 
 def test_bin_weights_error(tmp_path):

@@ -41,17 +41,18 @@ class GeneratedText:
 
 @dataclass
 class TextGenerationOutput:
-    """`sequences` holds the generated strings; `generations` the same with finish details."""
+    """`sequences` holds the generated strings (DeepSparse's output field, set from
+    `generations`, which has the same with finish details)."""
 
     prompts: list[str]
     generations: list[GeneratedText]
     logits: np.ndarray | None = None  # (batch, tokens, vocab): row i predicts token i+1
     session_id: str | None = None
     created: float = field(default_factory=time.time)
+    sequences: list[str] = field(init=False)
 
-    @property
-    def sequences(self) -> list[str]:
-        return [g.text for g in self.generations]
+    def __post_init__(self) -> None:
+        self.sequences = [g.text for g in self.generations]
 
 
 class Pipeline:
@@ -193,8 +194,8 @@ class TextGeneration(Pipeline):
                 streamer.end()
         logits = None
         if return_logits:
-            length = self.sequence_length if fixed_sequences_length else None
-            logits = _stack_left_padded([np.concatenate(r.logits) for r in requests], length)
+            logits = stacked_logits(requests,
+                                    self.sequence_length if fixed_sequences_length else None)
         return TextGenerationOutput(
             prompts=prompts,
             generations=[GeneratedText(r.text, True, r.finished_reason, r.output_ids)
@@ -218,6 +219,14 @@ class TextGeneration(Pipeline):
                 self.generator.cancel(req)
                 while self.generator.has_work:  # nothing else owns this generator
                     self.generator.step()
+
+
+def stacked_logits(requests: Sequence[GenerationRequest], length: int | None = None
+                   ) -> np.ndarray:
+    """The logits of finished return_logits requests as one (batch, tokens, vocab) array, each
+    request's (prompt + generated, vocab) rows zero-padded on the left to the longest (or to
+    `length`)."""
+    return _stack_left_padded([np.concatenate(r.logits) for r in requests], length)
 
 
 def _stack_left_padded(rows: list[np.ndarray], length: int | None) -> np.ndarray:

@@ -96,7 +96,7 @@ def test_config_file_validation(tmp_path):
                    "    kwargs: {sequence_length: 256, max_generated_tokens: 32, "
                    "force_max_tokens: true, deterministic: false}\n")
     config = ServerConfig.load(cfg, port=1234)
-    assert config.endpoints[0].name == "m" and config.port == 1234
+    assert config.endpoints[0].name == "./m" and config.port == 1234  # the id: model as given
     cfg.write_text("endpoints:\n  - model: ./m\n    kwargs: {bogus: 1}\n")
     with pytest.raises(ValueError, match="bogus"):
         ServerConfig.load(cfg)

@@ -1,7 +1,8 @@
 """`sparsellm serve`: an HTTP server with DeepSparse's /predict and an OpenAI-compatible API.
 
     sparsellm serve --task text-generation --model_path smollm2-135m-instruct   # 127.0.0.1:5543
-    sparsellm serve --model_path ./pruned50-quant --kv-cache-dtype int8 --max-concurrent-requests 8
+    sparsellm serve --integration openai ./pruned50-quant     # the model id is "./pruned50-quant"
+    sparsellm serve ./pruned50-quant --served-model-name pruned --kv-cache-dtype int8
     sparsellm serve --config-file config.yaml
 """
 
@@ -10,15 +11,25 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from ..models import DEFAULT_MODEL
 from .generate import add_engine_arguments, engine_kwargs
 
+if TYPE_CHECKING:
+    from ..server.config import ServerConfig
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help=f"model to serve (path, GGUF, registry name, hf:org/name; default "
+                        f"{DEFAULT_MODEL}); the same as --model_path")
     p.add_argument("--task", default=None, help="text-generation (the default)")
     p.add_argument("--model_path", "--model-path", dest="model_path", default=None,
-                   help=f"model to serve (path, GGUF, registry name; default {DEFAULT_MODEL})")
+                   help="model to serve, as MODEL")
+    p.add_argument("--served-model-name", "--served_model_name", dest="served_model_name",
+                   default=None, help="the model's id in /v1/models and in requests' `model` "
+                                      "(default: MODEL as given)")
     p.add_argument("--config-file", "--config_file", dest="config_file", default=None,
                    help="YAML file with `endpoints` (task, model, route, name, kwargs) and "
                         "any of the settings below")
@@ -43,6 +54,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from ..server.app import serve
+
+    config = server_config(args)
+    logging.basicConfig(level=config.log_level.upper() if config.log_level != "trace"
+                        else "DEBUG", format="%(levelname)s:     %(name)s: %(message)s")
+    return serve(config)
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The command line (and its --config-file) as one validated ServerConfig."""
     from ..server.config import ServerConfig
 
     overrides = dict(
@@ -54,15 +74,18 @@ def main(args: argparse.Namespace) -> int:
     )
     engine = engine_kwargs(args)
     engine.pop("num_cores", None)  # a server setting (overrides above), for every endpoint
-    if args.config_file is None or args.model_path is not None:
-        overrides["endpoints"] = [{"task": args.task or "text-generation",
-                                   "model": args.model_path or DEFAULT_MODEL, "kwargs": engine}]
-    elif args.task is not None or engine:
+    if args.model is not None and args.model_path is not None:
+        raise ValueError(f"two models given: {args.model!r} and --model_path "
+                         f"{args.model_path!r}; give one (serve several with --config-file)")
+    model = args.model or args.model_path
+    if args.config_file is None or model is not None:
+        model = model or DEFAULT_MODEL
+        overrides["endpoints"] = [{"task": args.task or "text-generation", "model": model,
+                                   "name": args.served_model_name or model, "kwargs": engine}]
+    elif args.task is not None or engine or args.served_model_name is not None:
         given = ["--task"] * (args.task is not None) + \
-            ["--" + k.removesuffix("_path").replace("_", "-") for k in engine]
-        raise ValueError(f"{', '.join(given)} go with --model_path; with --config-file set "
-                         "them per endpoint (task, kwargs)")
-    config = ServerConfig.load(args.config_file, **overrides)
-    logging.basicConfig(level=config.log_level.upper() if config.log_level != "trace"
-                        else "DEBUG", format="%(levelname)s:     %(name)s: %(message)s")
-    return serve(config)
+            ["--" + k.removesuffix("_path").replace("_", "-") for k in engine] + \
+            ["--served-model-name"] * (args.served_model_name is not None)
+        raise ValueError(f"{', '.join(given)} go with a model (MODEL or --model_path); with "
+                         "--config-file set them per endpoint (task, name, kwargs)")
+    return ServerConfig.load(args.config_file, **overrides)

@@ -33,6 +33,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text} for status, text in [
         (400, "invalid request"), (401, "missing or wrong API key"),
         (404, "unknown model"), (413, "request body too large"),
+        (415, "the body is not sent as application/json"),
         (429, "at capacity; see Retry-After"), (503, "loading or shutting down"),
     ]
 }
@@ -113,8 +114,11 @@ def create_app(provider: ModelProvider, config: ServerConfig | None = None) -> F
 
     app.openapi = openapi  # type: ignore[method-assign]
     known: set[str] = set()
-    app.add_middleware(GuardMiddleware, state=state, known_routes=known)
+    json_routes: set[str] = set()
+    app.add_middleware(GuardMiddleware, state=state, known_routes=known, json_routes=json_routes)
     known.update(getattr(r, "path", "") for r in app.routes)
+    json_routes.update(r.path for r in app.routes if "POST" in (getattr(r, "methods", None)
+                                                                 or ()))
     return app
 
 

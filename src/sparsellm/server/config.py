@@ -27,12 +27,13 @@ from ..pipeline import TEXT_GENERATION_TASKS, TextGeneration
 ENGINE_KWARGS = set(inspect.signature(TextGeneration.__init__).parameters) - {
     "self", "model_path", "generation_config", "generation_kwargs"}
 RESERVED_ROUTES = {"/", "/health", "/metrics", "/docs", "/redoc", "/openapi.json", "/playground"}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+MAX_NAME = 256
 _ROUTE = re.compile(r"^/[A-Za-z0-9._~/-]*$")
 
 
 class EndpointConfig(BaseModel):
-    """One served model. `name` is what OpenAI requests put in `model`."""
+    """One served model. `name` is its id, what OpenAI requests put in `model`: by default the
+    `model` string as given (vLLM's convention)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -73,9 +74,11 @@ class EndpointConfig(BaseModel):
     @model_validator(mode="after")
     def _name(self) -> EndpointConfig:
         if self.name is None:
-            self.name = default_model_name(self.model)
-        if not _NAME.match(self.name):
-            raise ValueError(f"invalid endpoint name {self.name!r}: use letters, digits, . _ - : /")
+            self.name = self.model
+        if not 0 < len(self.name) <= MAX_NAME or not self.name.isprintable() \
+                or self.name.strip() != self.name:
+            raise ValueError(f"invalid endpoint name {self.name!r}: 1 to {MAX_NAME} printable "
+                             "characters, without leading or trailing spaces")
         return self
 
 
@@ -100,11 +103,12 @@ class ServerConfig(BaseModel):
     @model_validator(mode="after")
     def _unique(self) -> ServerConfig:
         names = [e.name for e in self.endpoints]
-        routes = [e.route for e in self.endpoints if e.route]
         if len(set(names)) != len(names):
             raise ValueError(f"endpoint names must be unique, got {names}")
-        if len(set(routes)) != len(routes) or "/predict" in routes[1:]:
-            raise ValueError(f"endpoint routes must be unique, got {routes}")
+        routes = [r for i in range(len(self.endpoints)) for r in endpoint_routes(self, i)]
+        if len(set(routes)) != len(routes):
+            raise ValueError(f"endpoint routes must be unique, got {routes}; set `route` "
+                             "on the endpoints")
         return self
 
     @property
@@ -134,20 +138,19 @@ class ServerConfig(BaseModel):
             raise ValueError(where + "invalid server config: " + "; ".join(lines)) from None
 
 
-def default_model_name(model: str) -> str:
-    """`./models/smollm2-pruned50-quant` -> `smollm2-pruned50-quant`; `x/model.gguf` -> `model`."""
-    name = Path(model.rstrip("/")).name or model
-    name = name.removesuffix(".gguf")
-    name = re.sub(r"[^A-Za-z0-9._:/-]", "-", name).lstrip("._-:/")
-    return name or "model"
+def route_name(name: str) -> str:
+    """A served id as one path segment: `./models/pruned50` -> `models-pruned50`,
+    `hf:org/model` -> `hf-org-model`."""
+    return re.sub(r"[^A-Za-z0-9._~-]+", "-", name).strip("-.") or "model"
 
 
 def endpoint_routes(config: ServerConfig, index: int) -> list[str]:
-    """/predict serves the first endpoint; every endpoint also serves its own `route`."""
+    """/predict serves the first endpoint; every endpoint also serves its own `route` (by
+    default, after the first, /<its id as one path segment>/predict)."""
     e = config.endpoints[index]
     routes = ["/predict"] if index == 0 else []
     if e.route and e.route not in routes:
         routes.append(e.route)
     if not routes:
-        routes.append(f"/{e.name}/predict")
+        routes.append(f"/{route_name(e.name or e.model)}/predict")
     return routes

@@ -58,9 +58,9 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """(message, param) for the first pydantic error, phrased for an API user."""
     if not errors:
         return "invalid request", None
-    err = errors[0]
+    err = _relevant(errors)
     kind = err.get("type", "")
-    loc = [str(p) for p in err.get("loc", ()) if not _LOC_NOISE.search(str(p))]
+    loc = _field_path(err)
     if loc and loc[0] == "body":
         loc = loc[1:]
     param = ".".join(loc) or None
@@ -76,7 +76,40 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     if kind in ("model_attributes_type", "dict_type", "model_type") and not loc:
         return "the request body must be a JSON object", None
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    expected = _union_types(errors, loc) if kind.endswith("_type") else []
+    if len(expected) > 1:  # every member of a union refused the value's type
+        msg = f"expected {' or '.join(expected)}"
     return (f"invalid '{param}': {msg}" if param else msg), param
+
+
+_TYPE_NAMES = {"string_type": "a string", "list_type": "a list", "int_type": "an integer",
+               "bool_type": "a boolean", "float_type": "a number", "dict_type": "an object",
+               "model_type": "an object", "model_attributes_type": "an object"}
+
+
+def _union_types(errors: list[dict[str, Any]], loc: list[str]) -> list[str]:
+    """The types the union at `loc` accepts, from its members' type errors."""
+    names = [_TYPE_NAMES.get(str(e.get("type")), "") for e in errors
+             if _field_path(e)[1:] == loc and str(e.get("type", "")).endswith("_type")]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def _field_path(err: dict[str, Any]) -> list[str]:
+    return [str(p) for p in err.get("loc", ()) if not _LOC_NOISE.search(str(p))]
+
+
+def _relevant(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first error, unless it is a union member's type mismatch (`stop`: "should be a
+    valid string" for a list) and another member of the same field failed for a real reason."""
+    first = errors[0]
+    if not str(first.get("type", "")).endswith("_type"):
+        return first
+    field = _field_path(first)
+    for err in errors[1:]:
+        if _field_path(err)[:len(field)] == field and \
+                not str(err.get("type", "")).endswith("_type"):
+            return err
+    return first
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -9,6 +9,11 @@ from collections.abc import Callable
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+def _label(value: str) -> str:
+    """A Prometheus label value (served ids are user strings: paths, `hf:org/name`)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 class Metrics:
     """Counters and a time-to-first-token histogram; safe to update from any thread."""
 
@@ -78,28 +83,26 @@ class Metrics:
             out.append(f"sparsellm_client_disconnects_total {self.disconnects}")
             family("sparsellm_generated_tokens_total", "counter", "tokens generated")
             for model, n in sorted(self.tokens.items()):
-                out.append(f'sparsellm_generated_tokens_total{{model="{model}"}} {n}')
+                out.append(f'sparsellm_generated_tokens_total{{model="{_label(model)}"}} {n}')
             family("sparsellm_prompt_tokens_total", "counter", "prompt tokens processed")
             for model, n in sorted(self.prompt_tokens.items()):
-                out.append(f'sparsellm_prompt_tokens_total{{model="{model}"}} {n}')
+                out.append(f'sparsellm_prompt_tokens_total{{model="{_label(model)}"}} {n}')
             family("sparsellm_time_to_first_token_seconds", "histogram",
                    "from submission to the first generated token")
+            ttft = "sparsellm_time_to_first_token_seconds"
             for model in sorted(self.ttft_count):
+                label = f'model="{_label(model)}"'
                 for bound, n in zip(TTFT_BUCKETS, self.ttft_buckets[model], strict=True):
-                    out.append(f'sparsellm_time_to_first_token_seconds_bucket{{model="{model}",'
-                               f'le="{bound}"}} {n}')
-                out.append(f'sparsellm_time_to_first_token_seconds_bucket{{model="{model}",'
-                           f'le="+Inf"}} {self.ttft_count[model]}')
-                out.append(f'sparsellm_time_to_first_token_seconds_sum{{model="{model}"}} '
-                           f'{self.ttft_sum[model]:.6f}')
-                out.append(f'sparsellm_time_to_first_token_seconds_count{{model="{model}"}} '
-                           f'{self.ttft_count[model]}')
+                    out.append(f'{ttft}_bucket{{{label},le="{bound}"}} {n}')
+                out.append(f'{ttft}_bucket{{{label},le="+Inf"}} {self.ttft_count[model]}')
+                out.append(f"{ttft}_sum{{{label}}} {self.ttft_sum[model]:.6f}")
+                out.append(f"{ttft}_count{{{label}}} {self.ttft_count[model]}")
         if gauges is not None:
             counts = gauges()
             family("sparsellm_active_requests", "gauge", "sequences in engine batch slots")
             for model, (active, _) in sorted(counts.items()):
-                out.append(f'sparsellm_active_requests{{model="{model}"}} {active}')
+                out.append(f'sparsellm_active_requests{{model="{_label(model)}"}} {active}')
             family("sparsellm_queue_depth", "gauge", "requests waiting for a batch slot")
             for model, (_, waiting) in sorted(counts.items()):
-                out.append(f'sparsellm_queue_depth{{model="{model}"}} {waiting}')
+                out.append(f'sparsellm_queue_depth{{model="{_label(model)}"}} {waiting}')
         return "\n".join(out) + "\n"

@@ -1,5 +1,5 @@
-"""One ASGI middleware in front of every route: draining (503), API key (401), body size (413),
-in-flight counting and request metrics.
+"""One ASGI middleware in front of every route: draining (503), API key (401), content type
+(415), body size (413), in-flight counting and request metrics.
 
 The body is read here, counting bytes as they arrive, so an oversized request is refused before
 it is fully read (at once when its Content-Length says so, for chunked bodies as soon as the
@@ -21,10 +21,13 @@ BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, state: ServerState, known_routes: set[str]):
+    def __init__(self, app: ASGIApp, state: ServerState, known_routes: set[str],
+                 json_routes: set[str]):
         self.app = app
         self.state = state
-        self.known_routes = known_routes  # filled in after the routes are registered
+        # both filled in after the routes are registered
+        self.known_routes = known_routes
+        self.json_routes = json_routes  # routes whose POST body is JSON
         key = state.config.api_key
         self.api_key = key.encode() if key else None
 
@@ -63,6 +66,17 @@ class GuardMiddleware:
                              code="invalid_api_key")
                 return
         if scope["method"] in BODY_METHODS:
+            content_type = headers.get(b"content-type")
+            if scope["path"] in self.json_routes:
+                if content_type is None:  # read as JSON, as the only type accepted
+                    scope = {**scope, "headers": [*scope["headers"],
+                                                  (b"content-type", b"application/json")]}
+                elif not is_json(content_type):
+                    shown = content_type.decode("latin-1")[:100]
+                    await _reply(send, 415, f"unsupported Content-Type {shown!r}: send the body "
+                                 "as JSON with the header 'Content-Type: application/json'",
+                                 code="unsupported_media_type")
+                    return
             body = await self._read_body(headers, upstream, send)
             if body is None:
                 return
@@ -109,6 +123,13 @@ class GuardMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def is_json(content_type: bytes) -> bool:
+    """application/json or application/*+json, with any parameters (charset=utf-8)."""
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/")
+                                             and media.endswith(b"+json"))
 
 
 async def _reply(send: Send, status: int, message: str,

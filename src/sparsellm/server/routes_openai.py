@@ -104,7 +104,7 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
         served = _check_common(state, body)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-        messages = [m.as_template_input() for m in body.messages]
+        messages = _chat_messages(body)
         prompt_ids = [state.encode(served, messages, "messages")]
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -154,6 +154,21 @@ def _check_common(state: ServerState, body: _Sampling) -> ServedModel:
         raise APIError(400, "stream_options is only allowed with stream=true",
                        param="stream_options")
     return state.model(body.model)
+
+
+def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
+    """The conversation for the chat template: a string (`messages` or `prompt`) is one user
+    message."""
+    if body.messages is not None and body.prompt is not None:
+        raise APIError(400, "send the conversation as `messages` or as `prompt`, not both",
+                       param="prompt")
+    if body.messages is None and body.prompt is None:
+        raise APIError(400, "missing required field 'messages' (a list of chat messages, or "
+                       "one string; `prompt` is accepted in its place)", param="messages")
+    conversation = body.prompt if body.messages is None else body.messages
+    if isinstance(conversation, str):
+        return [{"role": "user", "content": conversation}]
+    return [m.as_template_input() for m in conversation]
 
 
 def _requests(state: ServerState, served: ServedModel, body: _Sampling,

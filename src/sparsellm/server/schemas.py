@@ -27,8 +27,12 @@ def _stop_list(v: str | list[str] | None) -> list[str] | None:
     return stops
 
 
+# The limits are checked by _stop_list (one message with the limit and the count); the schema
+# still states them.
 Stop = Annotated[
-    str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP)] | None,
+    Annotated[list[Annotated[str, Field(json_schema_extra={"minLength": 1})]],
+              Field(json_schema_extra={"maxItems": MAX_STOP})]
+    | Annotated[str, Field(json_schema_extra={"minLength": 1})] | None,
     AfterValidator(_stop_list),
 ]
 PosInt = Annotated[int, Field(ge=1, le=MAX_INT)]
@@ -39,6 +43,7 @@ TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 TopK = Annotated[int, Field(ge=0, le=MAX_INT)]
 Penalty = Annotated[float, Field(ge=0.01, le=100, allow_inf_nan=False)]
 Prompt = Annotated[str, Field(min_length=1)]
+Prompts = Annotated[list[Prompt], Field(min_length=1, max_length=MAX_PROMPTS)] | Prompt
 
 
 class StrictModel(BaseModel):
@@ -49,7 +54,7 @@ class StrictModel(BaseModel):
 class PredictRequest(StrictModel):
     """TextGenerationInput: one prompt or a list, plus per-request generation settings."""
 
-    sequences: Prompt | Annotated[list[Prompt], Field(min_length=1, max_length=MAX_PROMPTS)]
+    sequences: Prompts
     max_generated_tokens: PosInt | None = None
     force_max_tokens: bool | None = None
     deterministic: bool | None = None
@@ -61,9 +66,12 @@ class PredictRequest(StrictModel):
     seed: Seed | None = None
     stop: Stop = None
     session_id: Annotated[str, Field(max_length=128)] | None = None
+    return_logits: bool = False
+    fixed_sequences_length: bool = False  # with return_logits: pad to the sequence length
 
     def generation_kwargs(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"sequences", "session_id"}, exclude_none=True)
+        return self.model_dump(exclude={"sequences", "session_id", "return_logits",
+                                        "fixed_sequences_length"}, exclude_none=True)
 
 
 class GeneratedTextOut(BaseModel):
@@ -73,11 +81,16 @@ class GeneratedTextOut(BaseModel):
 
 
 class PredictResponse(BaseModel):
-    """TextGenerationOutput (without logits)."""
+    """TextGenerationOutput: `sequences` holds the generated texts, `generations` the same with
+    finish details; `logits` only with return_logits."""
 
+    sequences: list[str]
+    logits: list[list[list[float | None]]] | None = Field(
+        None, description="(prompts, tokens, vocab), left-padded; row i predicts token i+1 "
+                          "(null where a logit was not computed)")
+    session_id: str
     prompts: list[str]
     generations: list[GeneratedTextOut]
-    session_id: str
     created: float
 
 
@@ -131,7 +144,7 @@ class _Sampling(StrictModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Prompt | Annotated[list[Prompt], Field(min_length=1, max_length=MAX_PROMPTS)]
+    prompt: Prompts
     max_tokens: PosInt | None = None
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
@@ -156,12 +169,20 @@ class ChatMessage(StrictModel):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1024)]
+    """`messages` is a list of chat messages; a string (or `prompt` in place of messages) is one
+    user message, as DeepSparse's OpenAI integration accepted."""
+
+    # exactly one of the two (checked by the route; the schema says so with oneOf)
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["messages"]},
+                                                           {"required": ["prompt"]}]})
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1024)] \
+        | Prompt = None  # type: ignore[assignment]
+    prompt: Prompt = None  # type: ignore[assignment]
     max_tokens: PosInt | None = None
     max_completion_tokens: PosInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-
 
 class Usage(BaseModel):
     prompt_tokens: int

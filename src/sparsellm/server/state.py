@@ -44,8 +44,10 @@ class ServerState:
         """The served model called `name` (the first endpoint when None)."""
         names = [e.name for e in self.endpoints]
         if name is not None and name not in names:
-            raise APIError(404, f"the requested model is not served here; served models: "
-                           f"{', '.join(names)}", param="model", code="model_not_found")
+            shown = name if len(name) <= 200 else name[:200] + "..."
+            raise APIError(404, f"model {shown!r} is not served here; served models (the ids "
+                           f"of /v1/models): {', '.join(map(repr, names))}", param="model",
+                           code="model_not_found")
         if not self.ready:
             if self.load_error:
                 raise APIError(503, "the model failed to load; see the server log")
