@@ -1,0 +1,91 @@
+"""Truncated and corrupt model files are refused when loaded, with the file, what is wrong and
+where (issue 29): an interrupted download must not surface as a NumPy reshape error."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from sparsellm.models import load_checkpoint
+
+LOADER_TODO = pytest.mark.xfail(strict=True, reason="issue 29: loader owner adds the check")
+INTERRUPTED = r" \(an interrupted download or copy\?\)"
+
+
+def refused(path: Path, message: str):  # noqa: ANN201
+    """pytest.raises for ValueError("<path>: <message>"), `message` a regex, the whole text."""
+    return pytest.raises(ValueError, match=f"^{re.escape(str(path))}: {message}$")
+
+
+@pytest.fixture
+def gguf_bytes(tiny_gguf) -> bytes:
+    path, _ = tiny_gguf("F32")
+    return path.read_bytes()
+
+
+@pytest.fixture
+def st_folder(tiny_llama_dir, tmp_path) -> Path:
+    """A copy of the tiny HF folder, whose model.safetensors the test damages."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    return folder
+
+
+@LOADER_TODO
+def test_truncated_gguf_names_the_tensor_and_the_offset(gguf_bytes, tmp_path):
+    path = tmp_path / "tiny.gguf"
+    size = len(gguf_bytes) - 1000
+    path.write_bytes(gguf_bytes[:size])  # the last tensors' data is cut short
+    with refused(path, rf"truncated: tensor \S+ ends at byte \d+ but the file has {size} "
+                       rf"bytes{INTERRUPTED}"):
+        load_checkpoint(path)
+
+
+@LOADER_TODO
+def test_gguf_cut_inside_its_header(gguf_bytes, tmp_path):
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(gguf_bytes[:200])  # inside the metadata (the vocabulary)
+    with refused(path, r"truncated GGUF header: the metadata runs past the end of the file "
+                       r"\(200 bytes; an interrupted download or copy\?\)"):
+        load_checkpoint(path)
+
+
+@LOADER_TODO
+def test_gguf_with_a_wrong_magic(gguf_bytes, tmp_path):
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"GGUX" + gguf_bytes[4:])
+    with refused(path, r"not a GGUF file \(it starts with b'GGUX', not b'GGUF'\)"):
+        load_checkpoint(path)
+
+
+def test_truncated_safetensors_names_the_tensor_and_the_offset(st_folder):
+    path = st_folder / "model.safetensors"
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[:-1000])
+    with refused(path, rf"truncated: tensor \S+ ends at byte \d+ but the file has "
+                       rf"{size - 1000} bytes{INTERRUPTED}"):
+        load_checkpoint(st_folder)
+
+
+@pytest.mark.parametrize("cut", [0, 5, 50])
+def test_safetensors_shorter_than_its_header(st_folder, cut):
+    path = st_folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:cut])
+    header = struct.unpack("<Q", data[:8])[0] if cut >= 8 else -1
+    with refused(path, rf"not a safetensors file \(header length {header} for a file of "
+                       rf"{cut} bytes\)"):
+        load_checkpoint(st_folder)
+
+
+@LOADER_TODO
+def test_safetensors_header_that_is_not_json(st_folder):
+    path = st_folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:8] + b"x" + data[9:])  # the header's opening brace
+    with refused(path, r"corrupt safetensors header: Expecting value at byte 8"):
+        load_checkpoint(st_folder)
