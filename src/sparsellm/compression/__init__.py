@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..datasets import DatasetLike
 from ..models.checkpoint import Checkpoint
 from .gptq import gptq_quantize
 from .magnitude import magnitude_mask, magnitude_prune, nm_mask
@@ -53,12 +54,13 @@ class CompressionResult:
 
 def compress(
     model: str | Path | Checkpoint,
-    dataset: str | Path | Sequence[str] | Sequence[dict],
+    dataset: DatasetLike,
     recipe: str | Path | Any,
     output_dir: str | Path,
     num_calibration_samples: int = 128,
     max_seq_length: int = 512,
     *,
+    tokenizer: Any = None,
     text_column: str | Sequence[str] | None = None,
     format_data: Callable[[dict], str] | None = None,
     split: str | None = None,
@@ -70,8 +72,10 @@ def compress(
 
     model: registry name, GGUF file, HF folder, `hf:org/name` or a loaded Checkpoint.
     dataset: python-stdlib, humaneval, a .txt/.jsonl/.json file, a list of strings or records,
-    or a Hugging Face dataset name in the local cache (`text_column` / `format_data` pick the
-    text). recipe: YAML path or string, or modifier objects. The output folder loads with
+    a loaded Hugging Face Dataset / DatasetDict (`split`, default train), or a Hugging Face
+    dataset name in the local cache (`text_column` / `format_data` pick the text). recipe: YAML
+    path or string, or modifier objects. `tokenizer` is accepted for SparseML's signature:
+    calibration text is tokenized with the model's own tokenizer. The output folder loads with
     `load_checkpoint` / `Pipeline.create`; an existing folder is replaced only with overwrite.
     A progress bar shows on a terminal (`progress` forces it on or off).
     """
