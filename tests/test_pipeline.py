@@ -20,22 +20,30 @@ def pipe(tiny_llama_dir):
                            sequence_length=48, batch_size=4, max_generated_tokens=16)
 
 
-def hf_greedy(model, ids, n):
+def hf_greedy(model, ids, n, force=False):
+    """transformers' greedy continuation: up to n tokens, stopping after its EOS; or (force)
+    exactly n tokens, EOS ignored."""
+    extra = dict(eos_token_id=None, min_new_tokens=n, pad_token_id=0) if force else {}
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long), **extra)
     return out[0, len(ids):].tolist()
 
 
 @pytest.mark.parametrize("variant", ["llama", "mistral", "qwen2", "codegen", "gpt_neox", "phi3"])
 def test_greedy_tokens_match_transformers_generate(variant, tiny_model_dir, hf_model):
+    """Same tokens and the same length: a wrong EOS (early or missed stop) fails too."""
     folder = tiny_model_dir(variant)
     p = Pipeline.create(model_path=str(folder), sequence_length=64, max_generated_tokens=24)
     for prompt in PROMPTS[:2]:
-        out = p(prompt)
         ids = p.tokenizer.encode(prompt)
-        assert out.generations[0].token_ids == hf_greedy(hf_model(folder), ids, 24)[
-            :len(out.generations[0].token_ids)]
+        out = p(prompt).generations[0]
+        want = hf_greedy(hf_model(folder), ids, 24)
+        assert out.token_ids == want
+        assert out.finished_reason == ("stop" if len(want) < 24 else "length")
+        forced = p(prompt, force_max_tokens=True).generations[0]
+        assert forced.token_ids == hf_greedy(hf_model(folder), ids, 24, force=True)
+        assert len(forced.token_ids) == 24
 
 
 def test_batch_equals_each_alone(pipe):

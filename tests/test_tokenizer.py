@@ -221,7 +221,8 @@ def test_spm_gguf_chat_template_matches_transformers(spm_pair):
                 == ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
 
 
-@pytest.mark.xfail(strict=True, reason="known divergence: we follow llama.cpp's SPM rule (dummy "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known divergence: we follow llama.cpp's SPM rule (dummy "
                    "prefix at the start and after special tokens); transformers does not")
 @pytest.mark.parametrize("text", SPM_DIVERGENT)
 def test_spm_gguf_tokenizer_prefix_space_vs_transformers(spm_pair, text):

@@ -82,7 +82,9 @@ def test_magnitude_prune_keeps_largest():
     WeightFormat(bits=8), WeightFormat(bits=8, symmetric=False),
     WeightFormat(bits=4, group_size=32), WeightFormat(bits=4, group_size=32, symmetric=False),
 ])
-def test_gptq_not_worse_than_rtn_and_in_range(fmt):
+def test_gptq_beats_rtn_and_stays_in_range(fmt):
+    """On correlated inputs with outlier features GPTQ's error compensation must win clearly
+    (it measures ~0.6x RTN's output error here): a GPTQ that fell back to RTN fails."""
     w, x, h = correlated_problem()
     rtn = rtn_quantize(w, fmt)
     for actorder in (False, True):
@@ -92,7 +94,7 @@ def test_gptq_not_worse_than_rtn_and_in_range(fmt):
         if qt.zero_point is not None:
             assert lo <= qt.zero_point.min() and qt.zero_point.max() <= hi
         assert qt.scale.shape == (w.shape[0], w.shape[1] // (fmt.group_size or w.shape[1]))
-        assert out_error(w, qt.dequantize(), x) <= out_error(w, rtn.dequantize(), x)
+        assert out_error(w, qt.dequantize(), x) < 0.75 * out_error(w, rtn.dequantize(), x)
 
 
 def test_rtn_roundtrip_error_bounded():

@@ -123,35 +123,95 @@ def _write_folder(folder, tiny_model, config_extra, tensors):
     write_safetensors(folder / "model.safetensors", tensors)
 
 
-def test_reads_llm_compressor_pack_quantized(tiny_model, tmp_path):
-    ckpt = load_checkpoint(tiny_model)
-    tensors = {}
-    expected = {}
+def _reference_compressed(ckpt, scheme, compressor, fp16_scales=False):
+    """Every linear of `ckpt` compressed by compressed-tensors itself (the format's owner, as
+    llm-compressor calls it): the stored tensors, and the weights its own quantize/dequantize
+    define (float32)."""
+    import torch
+    from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = scheme.weights
+    tensors, expected = {}, {}
     for name, w in ckpt.tensors.items():
-        if name.endswith("_proj.weight"):
-            qt = rtn_quantize(w, WeightFormat(bits=4, group_size=32, symmetric=False))
-            m = name[:-7]
-            tensors[m + ".weight_packed"] = pack_int32(qt.q, 4)
-            tensors[m + ".weight_shape"] = np.array(w.shape, dtype=np.int64)
-            tensors[m + ".weight_scale"] = qt.scale.astype(np.float16)  # llm-compressor: bf16/fp16
-            tensors[m + ".weight_zero_point"] = pack_int32(qt.zero_point, 4, axis=0)
-            qt.scale = qt.scale.astype(np.float16).astype(np.float32)
-            expected[name] = qt.dequantize()
-        else:
+        if not name.endswith("_proj.weight"):
             tensors[name] = w
-    qconfig = {"quantization_config": {
-        "quant_method": "compressed-tensors", "format": "pack-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-            "num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
-            "group_size": 32}}},
-        "ignore": ["lm_head"], "quantization_status": "compressed"}}
-    _write_folder(tmp_path / "m", tiny_model, qconfig, tensors)
+            continue
+        wt = torch.from_numpy(np.array(w, dtype=np.float32))  # a writable copy
+        g = args.group_size or wt.shape[1]
+        blocks = wt.reshape(wt.shape[0], -1, g)
+        lo, hi = blocks.amin(-1), blocks.amax(-1)
+        if args.symmetric:
+            lo, hi = -torch.maximum(-lo, hi), torch.maximum(-lo, hi)
+        scale, zp = calculate_qparams(lo, hi, args)
+        if fp16_scales:  # llm-compressor stores scales in the model's half dtype
+            scale = scale.half()
+        stored = compressor.compress({"weight": wt, "weight_scale": scale,
+                                      "weight_zero_point": zp}, scheme)
+        m = name[:-len(".weight")]
+        tensors.update({f"{m}.{k}": v.numpy() for k, v in stored.items()})
+        q = quantize(x=wt, scale=scale.float(), zero_point=zp, args=args, dtype=torch.int8)
+        expected[name] = dequantize(x_q=q, scale=scale.float(), zero_point=zp,
+                                    args=args).float().numpy()
+    return tensors, expected
+
+
+def test_reads_pack_quantized_written_by_compressed_tensors(tiny_model, tmp_path):
+    """int4 group-asymmetric weights, packed (values and zero points) by compressed-tensors'
+    own compressor and described by its own config model: not a round trip of our packer."""
+    from compressed_tensors.compressors import PackedQuantizationCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+    )
+
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+        num_bits=4, type="int", symmetric=False, strategy="group", group_size=32))
+    ckpt = load_checkpoint(tiny_model)
+    tensors, expected = _reference_compressed(ckpt, scheme, PackedQuantizationCompressor,
+                                              fp16_scales=True)
+    packed = [k for k in tensors if k.endswith(".weight_packed")]
+    assert packed and tensors[packed[0]].dtype == np.int32
+    assert {tensors[k.replace("packed", "zero_point")].shape[0] for k in packed} == {
+        -(-tensors[k.replace("packed", "scale")].shape[0] // 8) for k in packed}  # 8 per int32
+    config = QuantizationConfig(config_groups={"group_0": scheme}, format="pack-quantized",
+                                quantization_status="compressed", ignore=["lm_head"])
+    _write_folder(tmp_path / "m", tiny_model,
+                  {"quantization_config": config.model_dump(exclude_none=True)}, tensors)
     loaded = load_checkpoint(tmp_path / "m")
+    assert set(expected) == {n for n in ckpt.tensors if n.endswith("_proj.weight")}
     for name, w in expected.items():
-        np.testing.assert_array_equal(loaded.tensors[name], w)
+        np.testing.assert_array_equal(loaded.tensors[name], w, err_msg=name)
         assert loaded.weight_formats[name] == WeightFormat(bits=4, group_size=32,
                                                            symmetric=False)
     assert "lm_head.weight" not in loaded.weight_formats
+
+
+def test_reads_int_quantized_w8a8_written_by_compressed_tensors(tiny_model, tmp_path):
+    from compressed_tensors.compressors import IntQuantizationCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+    )
+
+    scheme = QuantizationScheme(
+        targets=["Linear"],
+        weights=QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="channel"),
+        input_activations=QuantizationArgs(num_bits=8, type="int", symmetric=True,
+                                           strategy="token", dynamic=True))
+    ckpt = load_checkpoint(tiny_model)
+    tensors, expected = _reference_compressed(ckpt, scheme, IntQuantizationCompressor)
+    config = QuantizationConfig(config_groups={"group_0": scheme}, format="int-quantized",
+                                quantization_status="compressed", ignore=["lm_head"])
+    _write_folder(tmp_path / "m", tiny_model,
+                  {"quantization_config": config.model_dump(exclude_none=True)}, tensors)
+    loaded = load_checkpoint(tmp_path / "m")
+    for name, w in expected.items():
+        assert tensors[name].dtype == np.int8  # stored as int8 `weight` + `weight_scale`
+        np.testing.assert_allclose(loaded.tensors[name], w, rtol=1e-6, atol=0, err_msg=name)
+        assert loaded.weight_formats[name] == WeightFormat(bits=8, activation_bits=8)
 
 
 def test_reads_dense_stored_sparse_and_int8(tiny_model, tmp_path):

@@ -33,6 +33,31 @@ def test_humaneval_on_a_tiny_model(tiny_model) -> None:
     assert "pass@1" in str(result)
 
 
+def test_known_passing_and_failing_programs_are_counted(tiny_model) -> None:
+    """A runner that marked everything failed (or passed) fails this: each prompt ends in a
+    comment that the completion, cut at its first newline, cannot leave, so the program's
+    outcome is known: `add` is right, `sub` is wrong."""
+    from sparsellm.evaluation import EvalSettings, evaluate_humaneval
+    from sparsellm.models import load_checkpoint
+
+    test = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+    problems = [
+        {"task_id": "known/pass", "prompt": "def add(a, b):\n    return a + b  # ",
+         "entry_point": "add", "test": test},
+        {"task_id": "known/fail", "prompt": "def sub(a, b):\n    return a - b  # ",
+         "entry_point": "sub", "test": test},
+    ]
+    settings = EvalSettings(model="tiny", dataset="known", sequence_length=64, batch_size=2)
+    result = evaluate_humaneval(load_checkpoint(tiny_model), problems, settings,
+                                max_generated_tokens=6, stop=["\n", "\r"], timeout=10)
+    assert all(p["completion"] and not set(p["completion"]) & {"\n", "\r", "\0"}
+               for p in result.problems), result.problems  # the premise: it stayed a comment
+    assert [p["status"] for p in result.problems] == ["passed", "failed"], result.problems
+    assert "AssertionError" in result.problems[1]["detail"]
+    assert (result.passed, result.failed, result.timeouts, result.crashed) == (1, 1, 0, 0)
+    assert result.pass_at_1 == 0.5
+
+
 def test_batching_does_not_change_greedy_completions(tiny_model) -> None:
     runs = [evaluate(str(tiny_model), datasets=PROBLEMS, integration="humaneval",
                      max_generated_tokens=8, batch_size=b) for b in (1, 5)]

@@ -10,7 +10,11 @@ from sparsellm import Pipeline
 from sparsellm.engine import Engine
 from sparsellm.generation import BatchGenerator, GenerationConfig, GenerationRequest
 from sparsellm.generation.sampling import make_distribution
-from sparsellm.generation.speculative import accept_draft
+from sparsellm.generation.speculative import (
+    SpeculationStats,
+    accept_draft,
+    check_compatible_vocab,
+)
 from sparsellm.models import load_checkpoint
 
 PROMPTS = [
@@ -88,7 +92,12 @@ def test_greedy_speculative_equals_plain(main_and_draft, k):
     for a, b in zip(plain, spec, strict=True):
         assert a.output_ids == b.output_ids
         assert a.text == b.text
-    assert st.steps > 0 and 0 <= st.accepted <= st.proposed
+    # drafting ran: every step proposed (up to) k tokens, and the poor draft was right sometimes
+    assert st.steps > 0 and st.proposed > st.steps * (k - 1) and 0 < st.accepted < st.proposed
+    # with the model itself as the draft, the same output comes from accepted drafts
+    same, st_self = _run(main, PROMPTS[:4], config, draft=main, k=k)
+    assert [r.output_ids for r in same] == [r.output_ids for r in plain[:4]]
+    assert st_self.accepted > 0 and st_self.acceptance_rate > 0.99
 
 
 def test_adaptive_speculation_shrinks_for_a_poor_draft_and_keeps_the_output(main_and_draft):
@@ -175,6 +184,12 @@ def test_pipeline_speculative_and_vocab_check(tiny_model_dir, tmp_path):
     spec = Pipeline.create(model_path=folder, sequence_length=128, max_generated_tokens=24,
                            draft_model_path=tiny_model_dir("qwen2"), num_speculative_tokens=3)
     assert base(PROMPTS[:3]).sequences == spec(PROMPTS[:3]).sequences
+    assert spec.generator.speculation.proposed > 0  # the draft really ran
+    itself = Pipeline.create(model_path=folder, sequence_length=128, max_generated_tokens=24,
+                             draft_model_path=folder, num_speculative_tokens=3)
+    assert itself(PROMPTS[:3]).sequences == base(PROMPTS[:3]).sequences
+    st = itself.generator.speculation
+    assert st.accepted > 0 and st.acceptance_rate > 0.99
     # A draft with another vocabulary is refused with a clear error.
     import json
     import shutil
@@ -202,3 +217,49 @@ def test_smollm2_greedy_speculative_identical(smollm2_checkpoint, weights):
                     weights=weights)
     assert [r.output_ids for r in plain] == [r.output_ids for r in spec]
     assert st.acceptance_rate > 0.3
+
+
+def test_speculation_stats_rates():
+    assert SpeculationStats().acceptance_rate == 0.0 and SpeculationStats().tokens_per_step == 0.0
+    st = SpeculationStats(steps=4, proposed=10, accepted=6)
+    assert st.acceptance_rate == 0.6
+    assert st.tokens_per_step == 2.5  # (6 accepted + 4 of the main model's own) / 4 steps
+
+
+def test_accept_draft_rejection_draws_from_the_normalized_residual():
+    """Accept d with probability p(d)/q(d); on rejection draw from max(p - q, 0) / its sum."""
+    p = np.array([[0.6, 0.4, 0.0], [0.0, 0.0, 1.0]])
+    q = np.array([[0.2, 0.8, 0.0]])
+    rng = np.random.default_rng(0)
+    outcomes = [accept_draft(p, q, [1], rng) for _ in range(4000)]
+    assert set(outcomes) == {(1, 2), (0, 0)}  # residual [0.4, 0, 0]: only token 0
+    accepted = sum(n for n, _ in outcomes) / len(outcomes)
+    assert abs(accepted - 0.5) < 0.03  # p(1) / q(1) = 0.4 / 0.8
+
+
+def test_accept_draft_never_accepts_a_token_the_draft_could_not_propose():
+    p = np.array([[0.2, 0.8, 0.0], [1.0, 0.0, 0.0]])
+    rng = np.random.default_rng(0)
+    # q(1) = 0: rejected whatever p says; the residual max(p - q, 0) = [0, 0.8, 0] gives 1
+    assert {accept_draft(p, np.array([[1.0, 0.0, 0.0]]), [1], rng) for _ in range(50)} == {(0, 1)}
+    # p == q: an empty residual falls back to p itself
+    same = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    assert accept_draft(same, same[:1], [1], rng) == (0, 0)
+
+
+def test_incompatible_vocab_message_counts_the_difference():
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return self.vocab
+
+    main = Tok({"a": 0, "b": 1, "c": 2})
+    check_compatible_vocab(main, Tok({"a": 0, "b": 1, "c": 2}))
+    with pytest.raises(ValueError) as info:
+        check_compatible_vocab(main, Tok({"a": 0, "b": 2, "c": 1, "d": 3}))
+    assert str(info.value) == (
+        "the draft model's vocabulary differs from the main model's (4 vs 3 tokens, 2 main-model "
+        "entries missing or renumbered); speculative decoding needs a draft with the same "
+        "tokenizer (e.g. a compressed copy of the main model)")

@@ -4,6 +4,7 @@ transformers' own GGUF loader), the registry, and clear errors for bad input."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import torch
 import transformers
 
+from memory_checks import nothing_kept_alive, traced_bytes
 from sparsellm.engine import Engine
 from sparsellm.models import load_checkpoint, resolve_model_path
 from sparsellm.models.registry import MODELS, resolve_registered
@@ -32,9 +34,11 @@ def test_sharded_folder_loads_every_tensor(tiny_model_dir, hf_model):
 def test_missing_shard_is_a_clear_error(tiny_model_dir, tmp_path):
     folder = tmp_path / "m"
     shutil.copytree(tiny_model_dir("llama_sharded"), folder)
-    (folder / "model-00002-of-00006.safetensors").unlink()
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[1]  # e.g. model-00002-of-00006...
+    (folder / shard).unlink()
     with pytest.raises(FileNotFoundError, match=r"shards listed in model.safetensors.index.json "
-                                                r"are missing: \['model-00002-of-00006"):
+                                                rf"are missing: \[{re.escape(repr(shard))}\]"):
         load_checkpoint(folder)
 
 
@@ -123,6 +127,20 @@ def test_gguf_tensors_are_dequantized_at_access_not_kept(tiny_gguf):
     a, b = ck.tensors[name], ck.tensors[name]
     assert a is not b and not np.shares_memory(a, b)
     np.testing.assert_array_equal(a, b)
+    del a, b
+    nothing_kept_alive(ck.tensors)
+    sizes = {n: ck.tensors[n].nbytes for n in ck.tensors}
+    total = sum(sizes.values())
+
+    def read_each():
+        for n in ck.tensors:
+            ck.tensors[n]
+
+    retained, peak = traced_bytes(read_each)
+    assert peak >= max(sizes.values())  # the fp32 copies were made (and measured) ...
+    assert retained < 0.05 * total  # ... and freed: reading every tensor kept ~nothing
+    kept, _ = traced_bytes(lambda: dict(ck.tensors))  # what keeping them would have cost
+    assert kept >= total
 
 
 def test_folder_with_single_gguf_loads_it(tiny_gguf):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
+import torch
 
 from sparsellm.generation import GenerationRequest
 from sparsellm.server.config import ServerConfig
@@ -87,7 +89,20 @@ def test_logprobs_are_delivered(pipeline):
 
     events = run(main())
     assert len(events) == 4
-    assert all(ev.logprob is not None and len(ev.logprob[1]) == 3 for ev in events)
+    # The values: log-softmax of the logits each token was chosen from (transformers' own
+    # log_softmax, in float64), the chosen token's and the 3 best, best first.
+    out = pipeline(sequences="x", max_generated_tokens=4, return_logits=True)
+    tokens = out.generations[0].token_ids
+    assert [ev.token_id for ev in events] == tokens
+    rows = out.logits[0, -5:-1].astype(np.float64)  # the rows the 4 tokens came from
+    logp = torch.log_softmax(torch.from_numpy(rows), -1).numpy()
+    for ev, row, token in zip(events, logp, tokens, strict=True):
+        chosen, top = ev.logprob
+        assert chosen == pytest.approx(row[token], abs=1e-5)
+        best = np.argsort(-row)[:3]
+        assert list(top) == best.tolist()
+        np.testing.assert_allclose(list(top.values()), row[best], atol=1e-5, rtol=0)
+        assert chosen == pytest.approx(max(top.values()), abs=1e-9)  # greedy: the best token
 
 
 def test_config_file_validation(tmp_path):
