@@ -263,3 +263,34 @@ def test_incompatible_vocab_message_counts_the_difference():
         "the draft model's vocabulary differs from the main model's (4 vs 3 tokens, 2 main-model "
         "entries missing or renumbered); speculative decoding needs a draft with the same "
         "tokenizer (e.g. a compressed copy of the main model)")
+
+
+class _FixedRng:
+    """random() returns `u`; choice() is recorded (and draws like numpy would, from p)."""
+
+    def __init__(self, u: float):
+        self.u, self.choices = u, []
+
+    def random(self) -> float:
+        return self.u
+
+    def choice(self, n, p):
+        self.choices.append(list(p))
+        return int(np.argmax(p))
+
+
+def test_accept_draft_at_the_edges_of_the_uniform_draw():
+    p = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    q = np.array([[0.5, 0.5, 0.0]])
+    # a token the main model gives probability 0 is rejected even when the draw is exactly 0
+    rng = _FixedRng(0.0)
+    assert accept_draft(p, q, [1], rng) == (0, 0)
+    # its residual [0.5, 0, 0] holds one token: taken without another random draw
+    assert rng.choices == []
+    # a draw just below p/q accepts; one at p/q rejects
+    p2 = np.array([[0.2, 0.3, 0.5], [0.0, 0.0, 1.0]])
+    q2 = np.array([[0.1, 0.6, 0.3]])
+    assert accept_draft(p2, q2, [1], _FixedRng(0.4999))[0] == 1
+    rng = _FixedRng(0.5)
+    assert accept_draft(p2, q2, [1], rng) == (0, 2)  # residual [0.1, 0, 0.2] / 0.3 -> 2
+    np.testing.assert_allclose(rng.choices, [[1 / 3, 0.0, 2 / 3]])
