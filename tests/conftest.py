@@ -131,6 +131,17 @@ def build_tiny_model(folder: Path, variant: str, tokenizer_folder: Path, vocab_s
         shutil.copy(f, folder / f.name)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def weights_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Converted weights are cached in a folder of this session (also for the CLI and server
+    subprocesses, which inherit the environment), never in the user's ~/.cache."""
+    folder = tmp_path_factory.mktemp("weights_cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SPARSELLM_CACHE_DIR", str(folder))
+    yield folder
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny_tokenizer")

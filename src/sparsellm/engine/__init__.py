@@ -2,5 +2,6 @@
 
 from .engine import ContextLengthError, Engine
 from .kv_cache import KVCache
+from .memory_check import ModelTooLargeError
 
-__all__ = ["ContextLengthError", "Engine", "KVCache"]
+__all__ = ["ContextLengthError", "Engine", "KVCache", "ModelTooLargeError"]

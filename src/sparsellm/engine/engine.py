@@ -7,9 +7,11 @@ each linear weight in its own packed format) or the NumPy reference on the same 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -17,7 +19,11 @@ from ..kernels import get_num_threads, set_num_threads
 from ..kernels.native_model import NativeDecoderModel
 from ..models import Checkpoint, load_checkpoint
 from .kv_cache import KVCache
-from .weights import reference_tensors, weight_formats
+from .memory_check import check_fits
+from .weight_cache import WeightCache, cache_dir_of
+from .weights import declared_packed, native_sources, reference_tensors, weight_formats
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PROMPT_CHUNK = 64
 BACKENDS = ("native", "numpy")
@@ -51,6 +57,13 @@ class Engine:
     the NumPy reference forward on exactly the weights the native kernels would use.
     `kv_cache_dtype="fp16"` or `"int8"` stores keys and values as IEEE half or int8 (see
     KV_CACHE_DTYPES); the NumPy backend keeps fp32 or fp16.
+
+    Weights the native runtime converts are cached: the first load writes them to
+    `weights_cache` (True: $SPARSELLM_CACHE_DIR or ~/.cache/sparsellm; a folder; False: off)
+    and later loads of the same files in the same formats map that entry instead of converting
+    (engine/weight_cache.py). Before anything is packed, the model's resident size is checked
+    against the memory available: a model that cannot fit is a `ModelTooLargeError` naming
+    what it needs and what would fit, not an out-of-memory kill.
     """
 
     def __init__(
@@ -63,6 +76,7 @@ class Engine:
         weights: str | None = None,
         backend: str = "native",
         kv_cache_dtype: str = "fp32",
+        weights_cache: str | Path | bool = True,
     ):
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
         self.args = self.checkpoint.args
@@ -87,21 +101,40 @@ class Engine:
         self.prompt_chunk = prompt_processing_sequence_length
         self.num_cores = num_cores
         self.backend = backend
-        self.formats, packed = weight_formats(self.checkpoint, weights)
+        self.formats = weight_formats(self.checkpoint, weights)
+        a = self.args
+        self.kv_cache_dtype = kv_cache_dtype
+        kv_bytes = KVCache.nbytes_for(a.num_hidden_layers, max_sequences, a.num_key_value_heads,
+                                      sequence_length, a.head_dim, KV_CACHE_DTYPES[kv_cache_dtype])
+        check_fits(self.checkpoint, self.formats, kv_bytes, backend)
         if backend == "native":
             if num_cores is not None:
                 set_num_threads(num_cores)
-            self.model = NativeDecoderModel(self.args, self.checkpoint.stored, self.formats,
-                                          packed=packed, max_tokens=max(
-                                              prompt_processing_sequence_length, max_sequences))
+            self.model = self._native_model(weights_cache, max(prompt_processing_sequence_length,
+                                                               max_sequences))
         else:
-            self.model = self.checkpoint.build_model(
-                reference_tensors(self.checkpoint, self.formats, packed))
-        a = self.args
-        self.kv_cache_dtype = kv_cache_dtype
+            self.model = self.checkpoint.build_model(reference_tensors(
+                self.checkpoint, self.formats, declared_packed(self.checkpoint, self.formats)))
         self.cache = KVCache(a.num_hidden_layers, max_sequences, a.num_key_value_heads,
                              sequence_length, a.head_dim, KV_CACHE_DTYPES[kv_cache_dtype])
         self.vocab_size = a.vocab_size
+
+    def _native_model(self, weights_cache: str | Path | bool, max_tokens: int
+                      ) -> NativeDecoderModel:
+        """Packed from the converted-weights cache when it has this model in these formats;
+        else converted here (and cached when anything was converted)."""
+        folder = cache_dir_of(weights_cache)
+        ckpt = self.checkpoint
+        cache = WeightCache(folder, ckpt.source_files, self.formats) \
+            if folder is not None and ckpt.source_files else None
+        cached = cache.load() if cache is not None else None
+        model = NativeDecoderModel(
+            self.args, native_sources(ckpt, self.formats), self.formats, max_tokens=max_tokens,
+            packed=cached if cached is not None else declared_packed(ckpt, self.formats))
+        if cache is not None and cached is None and model.converted and \
+                cache.save(model.converted):
+            logger.info("converted weights cached in %s", cache.path)
+        return model
 
     # ---- sequences ------------------------------------------------------------------------------
     def add_sequence(self) -> int:

@@ -31,6 +31,14 @@ class KVCache:
         self.lengths = [0] * max_sequences
         self._free = list(range(max_sequences - 1, -1, -1))
 
+    @staticmethod
+    def nbytes_for(num_layers: int, max_sequences: int, num_kv_heads: int, capacity: int,
+                   head_dim: int, dtype: np.dtype = np.float32) -> int:
+        """What a full cache of this shape takes (keys and values), before allocating it."""
+        row = head_dim + KV_SCALE_BYTES if np.dtype(dtype) == np.int8 else head_dim
+        return 2 * num_layers * max_sequences * num_kv_heads * capacity * row * \
+            np.dtype(dtype).itemsize
+
     @property
     def max_sequences(self) -> int:
         return len(self.lengths)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from functools import partial
 
 import numpy as np
 
@@ -11,21 +13,20 @@ from ..kernels.formats import dense_twin, float_format, pack_quantized
 from ..kernels.reference import with_dequantized
 from ..models import Checkpoint
 from ..models.formats import WeightFormat
+from ..models.lazy import LazyTensors
 
 logger = logging.getLogger(__name__)
 EMBEDDING = "model.embed_tokens.weight"
 
 
-def weight_formats(
-    checkpoint: Checkpoint, weights: str | None = None
-) -> tuple[dict[str, str], dict[str, PackedWeight]]:
-    """-> ({linear weight name: format}, {name: packed exact integers}).
+def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[str, str]:
+    """-> {linear weight name: format}.
 
-    Declared formats win (`checkpoint.weight_formats`, with the stored integers packed as they
-    are; a tied lm_head follows the embedding's); `weights` instead converts every linear weight
-    on load (a sparse format keeps the zeros of a pruned checkpoint; the never-pruned lm_head
-    gets its dense twin); anything else runs in the float format it is stored in (bf16 or fp16
-    checkpoints stay bf16 or fp16, never widened; everything else fp32).
+    Declared formats win (`checkpoint.weight_formats`; a tied lm_head follows the embedding's);
+    `weights` instead converts every linear weight on load (a sparse format keeps the zeros of a
+    pruned checkpoint; the never-pruned lm_head gets its dense twin); anything else runs in the
+    float format it is stored in (bf16 or fp16 checkpoints stay bf16 or fp16, never widened;
+    everything else fp32).
     """
     names = checkpoint.linear_weight_names
     if weights is not None:
@@ -34,32 +35,62 @@ def weight_formats(
         formats = dict.fromkeys(names, weights)
         if "lm_head.weight" in formats:
             formats["lm_head.weight"] = dense_twin(weights)
-        return formats, {}
+        return formats
     formats = {}
-    packed = {}
-    declared_formats = dict(checkpoint.weight_formats)
-    stored_as = {}  # a tied lm_head is stored as the embedding table
-    if "lm_head.weight" not in checkpoint.tensors:
-        head = tied_head_format(checkpoint)
-        if head is not None:
-            declared_formats["lm_head.weight"] = head
-        stored_as["lm_head.weight"] = EMBEDDING
-    stored = checkpoint.stored
+    declared_formats = _declared(checkpoint)
     for name in names:
         declared = declared_formats.get(name)
         formats[name] = declared.name if declared else \
-            float_format(stored[stored_as.get(name, name)].dtype)
+            float_format(checkpoint.stored_dtype(_stored_as(checkpoint, name)))
         parse_format(formats[name])  # an unsupported declared format fails here, by name
-        qt = checkpoint.quantized.get(stored_as.get(name, name))
-        if qt is not None and qt.format == declared:  # else packed from the fp32 values
-            q = qt.q
-            if qt.format.bits == 8 and qt.zero_point is None and q.min(initial=0) < -127:
-                # Some writers use [-128, 127]; the int8 kernels need |q| <= 127. Moving the
-                # rare -128 to -127 changes those weights by one quantization step.
-                logger.warning("%s: int8 weights with -128 clipped to -127", name)
-                q = np.maximum(q, -127)
-            packed[name] = pack_quantized(q, qt.scale, formats[name], qt.zero_point, qt.mask)
-    return formats, packed
+    return formats
+
+
+def declared_packed(checkpoint: Checkpoint, formats: dict[str, str]) -> dict[str, PackedWeight]:
+    """{name: packed exact integers} for the weights that run in the format the checkpoint
+    declares and stores integers for (the others are packed from their float values)."""
+    packed = {}
+    declared = _declared(checkpoint)
+    for name, fmt in formats.items():
+        qt = checkpoint.quantized.get(_stored_as(checkpoint, name))
+        if qt is None or qt.format != declared.get(name) or qt.format.name != fmt:
+            continue
+        q = qt.q
+        if qt.format.bits == 8 and qt.zero_point is None and q.min(initial=0) < -127:
+            # Some writers use [-128, 127]; the int8 kernels need |q| <= 127. Moving the
+            # rare -128 to -127 changes those weights by one quantization step.
+            logger.warning("%s: int8 weights with -128 clipped to -127", name)
+            q = np.maximum(q, -127)
+        packed[name] = pack_quantized(q, qt.scale, fmt, qt.zero_point, qt.mask)
+    return packed
+
+
+def native_sources(checkpoint: Checkpoint, formats: dict[str, str]) -> LazyTensors:
+    """What the native model packs each tensor from: the stored tensor where it runs in its
+    stored float format (used in place: a view of the mapped file), else the fp32 values read
+    for the conversion (a private copy, so converting a model does not map the whole file into
+    the process on top of the converted weights)."""
+    def source(name: str) -> Mapping[str, np.ndarray]:
+        fmt = formats.get(name)
+        same = fmt is None or fmt == float_format(checkpoint.stored_dtype(name))
+        return checkpoint.stored if same else checkpoint.tensors
+
+    return LazyTensors({name: partial(source(name).__getitem__, name)
+                        for name in checkpoint.stored})
+
+
+def _stored_as(checkpoint: Checkpoint, name: str) -> str:
+    """A tied lm_head is stored as the embedding table."""
+    return EMBEDDING if name == "lm_head.weight" and name not in checkpoint.tensors else name
+
+
+def _declared(checkpoint: Checkpoint) -> dict[str, WeightFormat]:
+    declared = dict(checkpoint.weight_formats)
+    if "lm_head.weight" not in checkpoint.tensors:
+        head = tied_head_format(checkpoint)
+        if head is not None:
+            declared["lm_head.weight"] = head
+    return declared
 
 
 def tied_head_format(checkpoint: Checkpoint) -> WeightFormat | None:

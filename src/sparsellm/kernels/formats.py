@@ -41,6 +41,8 @@ _VALUE_PAD = 64  # bytes after sparse values: SIMD kernels may read up to 32 byt
 # C++ sl::Fmt ids (csrc/common.h)
 _F32, _F16, _BF16, _I8, _I4, _SP_F32, _SP_I8, _SP_I4, _S24_I8, _I8_R16 = range(10)
 ROW_BLOCK = 16  # rows per block of the int8_a8 layout
+# Bumped whenever a packed layout changes: cached converted weights of an older layout are stale.
+LAYOUT_VERSION = 1
 KV_SCALE_BYTES = 4  # an int8 KV-cache row: head_dim values, then their float32 scale
 
 
@@ -147,6 +149,25 @@ class PackedWeight:
         self._native = None
 
 
+def packed_nbytes(shape: tuple[int, int], format: str) -> int:
+    """Bytes of a (out, in) weight packed in `format`, without packing it: exact for dense
+    formats, an upper bound for sparse ones (every weight kept; pruning halves the values)."""
+    s = parse_format(format)
+    out, kp = shape[0], padded_cols(shape[1], s.group)
+    if s.kind in ("fp32", "fp16", "bf16"):
+        return out * kp * {"fp32": 4, "fp16": 2, "bf16": 2}[s.kind]
+    if s.kind == "int8":
+        rows = -(-out // ROW_BLOCK) * ROW_BLOCK if s.act_int8 else out
+        return rows * (kp + 4)
+    if s.kind == "int4":
+        return out * (kp // 2 + kp // s.group * (5 if s.asym else 4))
+    if s.kind == "2:4_int8":
+        return out * (kp // 2 + kp // 8 + 4)
+    values = {"sparse_fp32": 4 * kp, "sparse_int8": kp, "sparse_int4": kp // 2}[s.kind]
+    scales = 4 * (kp // s.group if s.group else 1) if s.kind != "sparse_fp32" else 0
+    return out * (values + kp // 8 + scales + 8) + _VALUE_PAD
+
+
 def padded_cols(cols: int, group: int = 0) -> int:
     align = max(COL_ALIGN, group)
     return -(-cols // align) * align
@@ -186,11 +207,13 @@ def float_format(dtype: np.dtype) -> str:
 
 def quantize_int8_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-row int8: w ~= q * scale[:, None], q in [-127, 127]."""
-    amax = np.abs(w).max(axis=1)
+    amax = np.maximum(w.max(axis=1), -w.min(axis=1))  # |w| without a temporary the size of w
     scale = (amax / np.float32(127)).astype(np.float32)
     safe = np.where(scale > 0, scale, np.float32(1))
-    q = np.clip(np.rint(w / safe[:, None]), -127, 127).astype(np.int8)
-    return q, scale
+    q = w / safe[:, None]  # the one float temporary; rounded and clipped in place
+    np.rint(q, out=q)
+    np.clip(q, -127, 127, out=q)
+    return q.astype(np.int8), scale
 
 
 def quantize_int4_groups(

@@ -63,12 +63,12 @@ def gather(weights: Iterable[PackedWeight]) -> None:
             used += _aligned(arr.nbytes)
         w.rebind(moved)
         if used - trimmed >= _TRIM_EVERY:
-            _release_freed_heap()
+            release_freed_heap()
             trimmed = used
-    _release_freed_heap()
+    release_freed_heap()
 
 
-def _release_freed_heap() -> None:
+def release_freed_heap() -> None:
     """Hand the pages of freed buffers back to the OS now, so the old buffers and their copies
     are not both resident (+70 MB at the end for SmolLM2 at 50% W4A8, without it)."""
     if _malloc_trim is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -23,7 +24,8 @@ from ..models.rope import rope_inv_freq
 from . import reference
 from ._ext import native
 from .formats import PackedWeight, float_format, pack
-from .memory import gather
+from .memory import gather, release_freed_heap
+from .ops import get_num_threads
 
 EMBEDDING = "model.embed_tokens.weight"
 # C++ layer-dict key -> canonical name suffix inside "model.layers.{i}."
@@ -68,8 +70,10 @@ class NativeDecoderModel:
             raise ValueError(f"formats given for unknown weights {sorted(unknown)[:3]}; "
                              f"linear weights are e.g. {names[0]!r}, 'lm_head.weight'")
         # Weights packed as the caller's own arrays (fp32, or bf16/fp16 as stored: views of a
-        # memory-mapped file) stay where they are; the rest move into one huge-page block.
-        in_place: set[int] = set()
+        # memory-mapped file) stay where they are, and so do given packed weights that are views
+        # of a read-only file mapping (a converted-weights cache entry); the rest move into one
+        # huge-page block.
+        in_place = {id(w) for w in packed.values() if not w.arrays["data"].flags.writeable}
 
         def pack_from(w: np.ndarray, fmt: str, mask: np.ndarray | None = None) -> PackedWeight:
             p = pack(w, fmt, mask)
@@ -81,17 +85,27 @@ class NativeDecoderModel:
         # lookup); a tied lm_head in that same format is the same packed weight.
         stored_embed = tensors[EMBEDDING]
         embed = pack_from(stored_embed, float_format(stored_embed.dtype))
-        self.packed: dict[str, PackedWeight] = {}
-        for name in names:
+
+        def pack_one(name: str) -> PackedWeight:
             fmt = formats.get(name, "fp32")
             if name in packed:
-                self.packed[name] = packed[name]
-            elif name == "lm_head.weight" and name not in tensors:
-                self.packed[name] = embed if fmt == embed.format else pack_from(stored_embed, fmt)
-            else:
-                self.packed[name] = pack_from(tensors[name], fmt, masks.get(name))
+                return packed[name]
+            if name == "lm_head.weight" and name not in tensors:
+                return embed if fmt == embed.format else pack_from(stored_embed, fmt)
+            p = pack_from(tensors[name], fmt, masks.get(name))
+            release_freed_heap()  # the conversion's temporaries, before the next tensor's
+            return p
+
+        # Converting is NumPy work that releases the GIL: one tensor per thread, so at most
+        # that many tensors are in flight (the working set stays bounded).
+        with ThreadPoolExecutor(max_workers=max(1, get_num_threads())) as pool:
+            self.packed: dict[str, PackedWeight] = dict(zip(names, pool.map(pack_one, names),
+                                                            strict=True))
         moved = {id(w): w for w in [*self.packed.values(), embed] if id(w) not in in_place}
         gather(moved.values())
+        # What this model converted or was given fresh (not views of the caller's memory or of
+        # a file): what a converted-weights cache keeps.
+        self.converted = {name: w for name, w in self.packed.items() if id(w) in moved}
 
         def vec(name: str) -> np.ndarray | None:
             t = tensors.get(name)

@@ -58,6 +58,7 @@ class Checkpoint:
     quantized: Mapping[str, QuantizedTensor] = field(default_factory=dict)
     deployment: dict[str, Any] = field(default_factory=dict)  # an exported folder's settings
     stored: Mapping[str, np.ndarray] | None = None  # None: the same as `tensors` (fp32)
+    stored_dtypes: dict[str, np.dtype] = field(default_factory=dict)  # absent: float32
     source_files: list[Path] = field(default_factory=list)  # the weight files read
 
     def __post_init__(self) -> None:
@@ -66,8 +67,13 @@ class Checkpoint:
 
     def with_tensors(self, tensors: Mapping[str, np.ndarray]) -> Checkpoint:
         """A copy over other fp32 tensors (e.g. pruned or perturbed in memory), which are then
-        also what the native runtime packs from."""
-        return dataclasses.replace(self, tensors=tensors, stored=None)
+        also what the native runtime packs from (and no longer the files')."""
+        return dataclasses.replace(self, tensors=tensors, stored=None, stored_dtypes={},
+                                   source_files=[])
+
+    def stored_dtype(self, name: str) -> np.dtype:
+        """The dtype `stored[name]` has, known without reading it."""
+        return self.stored_dtypes.get(name, np.dtype(np.float32))
 
     @property
     def args(self) -> ModelArgs:
@@ -150,7 +156,8 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
     paths = _safetensors_files(folder)
     files = [SafetensorsFile(f) for f in paths]
     raw = LazyTensors({name: partial(f.__getitem__, name) for f in files for name in f})
-    stored = None
+    copies = LazyTensors({name: partial(f.read, name) for f in files for name in f})
+    stored, dtypes = None, {}
     formats: dict[str, WeightFormat] = {}
     quantized: Mapping[str, QuantizedTensor] = {}
     args = arch.args(config)
@@ -162,13 +169,13 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
                 "sparsellm writes them (canonical tensor names); compress the float model with "
                 "`sparsellm compress` instead")
         tensors, formats, quantized, notes = decode_compressed_tensors(
-            transform_each(raw, _float32_tensor), config)
+            transform_each(copies, _float32_tensor), config)
         for note in notes:
             logger.info("%s: %s", folder, note)
     else:
-        tensors = transform_each(raw, _float32_tensor)
+        tensors = transform_each(copies, _float32_tensor)
         if canonical or arch.canonical_hf_names:
-            stored = raw
+            stored, dtypes = raw, {name: f.dtype(name) for f in files for name in f}
         else:
             tensors = arch.from_hf(tensors, args)
     check_tensors(tensors, args, str(folder))
@@ -186,6 +193,7 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
         quantized=quantized,
         deployment=json.loads(deployment_path.read_text()) if deployment_path.is_file() else {},
         stored=stored,
+        stored_dtypes=dtypes,
         source_files=paths,
     )
 

@@ -123,6 +123,16 @@ def linear_weight_names(args: ModelArgs) -> list[str]:
             if n.endswith("proj.weight")] + ["lm_head.weight"]
 
 
+def linear_weight_shape(args: ModelArgs, name: str) -> tuple[int, int]:
+    """(out, in) of a linear weight, from the spec alone (nothing read)."""
+    D, I = args.hidden_size, args.intermediate_size
+    q, kv = args.num_attention_heads * args.head_dim, args.num_key_value_heads * args.head_dim
+    shapes = {"q_proj": (q, D), "k_proj": (kv, D), "v_proj": (kv, D), "o_proj": (D, q),
+              "gate_proj": (I, D), "up_proj": (I, D), "down_proj": (D, I),
+              "lm_head": (args.vocab_size, D)}
+    return shapes[name.split(".")[-2]]
+
+
 # ---- ops ----------------------------------------------------------------------------------------
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x: (T, D) -> (T, D); computed in fp32."""

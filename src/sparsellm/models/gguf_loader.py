@@ -44,10 +44,48 @@ def gguf_config(meta: dict[str, Any], arch_name: str, tensor_names: set[str],
     return config
 
 
-def load_gguf(path: Path) -> Checkpoint:
+INTERRUPTED = "(an interrupted download or copy?)"
+
+
+def open_gguf(path: Path) -> Any:
+    """A GGUFReader over `path`, or a ValueError naming the file and what is wrong with it (a
+    wrong magic, a header or tensor data cut short) instead of a NumPy error from inside."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+
+    header_read = False
+
+    class CheckedReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs: int, fields: list) -> None:
+            nonlocal header_read
+            header_read = True
+            size = len(self.data)
+            for field in fields:  # each tensor's data must lie inside the file
+                _, name, _, dims, kind, offset = field.parts
+                block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind[0])]
+                end = int(start_offs + offset[0]) + int(np.prod(dims)) * type_size // block
+                if end > size:
+                    raise ValueError(f"{path}: truncated: tensor {bytes(name).decode()} ends at "
+                                     f"byte {end} but the file has {size} bytes {INTERRUPTED}")
+            super()._build_tensors(start_offs, fields)
+
+    try:
+        return CheckedReader(str(path))
+    except (ValueError, IndexError) as e:
+        if str(e).startswith(f"{path}:"):
+            raise
+        if header_read:
+            raise ValueError(f"{path}: corrupt GGUF tensor table ({e})") from None
+        raise ValueError(f"{path}: truncated GGUF header: the metadata runs past the end of the "
+                         f"file ({path.stat().st_size} bytes; {INTERRUPTED[1:]}") from None
+
+
+def load_gguf(path: Path) -> Checkpoint:
+    reader = open_gguf(path)
     meta = read_gguf_metadata(reader)
     arch_name = meta.get("general.architecture", "?")
     arch = find_architecture(arch_name, gguf=True)
@@ -65,8 +103,9 @@ def load_gguf(path: Path) -> Checkpoint:
     if arch.gguf.lazy:
         stored = arch.gguf.convert(raw, args, arch_name)
         tensors = transform_each(stored, _float32)
+        dtypes = {name_map[t.name]: _stored_dtype(t) for t in reader.tensors}
     else:  # the conversion needs every tensor at once (e.g. fused ones split): fp32 throughout
-        stored = None
+        stored, dtypes = None, {}
         tensors = arch.gguf.convert({n: as_float32(t) for n, t in raw.items()}, args, arch_name)
     check_tensors(tensors, args, str(path))
     return Checkpoint(
@@ -78,6 +117,7 @@ def load_gguf(path: Path) -> Checkpoint:
         tokenizer=Tokenizer.from_gguf_metadata(meta),
         generation_config={},
         stored=stored,
+        stored_dtypes=dtypes,
         source_files=[path],
     )
 
@@ -95,6 +135,15 @@ def _stored(t: Any) -> np.ndarray:
         return np.asarray(t.data).reshape(-1).view(np.uint8).view(BFLOAT16).reshape(shape)
     w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
     return np.ascontiguousarray(w.reshape(shape))
+
+
+def _stored_dtype(t: Any) -> np.dtype:
+    """The dtype _stored(t) returns, without reading t."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType
+    return {kind.F16: np.dtype(np.float16), kind.BF16: BFLOAT16}.get(t.tensor_type,
+                                                                    np.dtype(np.float32))
 
 
 def _float32(name: str, t: np.ndarray) -> np.ndarray:

@@ -3,7 +3,9 @@ file stores (bfloat16 through `ml_dtypes`, which NumPy lacks)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping
@@ -19,6 +21,18 @@ _DTYPES = {
     "U16": np.uint16, "U32": np.uint32, "BOOL": np.bool_,
 }
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+def map_file(path: Path) -> np.ndarray:
+    """A read-only memory map of a whole file as uint8, advised for huge pages: the kernel then
+    maps the page cache in 2 MB pages where it can, so a decode step streaming weights from the
+    map walks 512x fewer page-table entries than with 4 KB pages."""
+    with open(path, "rb") as f:
+        region = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):  # a kernel without them: 4 KB pages it is
+            region.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(region, dtype=np.uint8)
 
 
 class SafetensorsFile(Mapping[str, np.ndarray]):
@@ -38,8 +52,12 @@ class SafetensorsFile(Mapping[str, np.ndarray]):
                                  f"{header_len} for a file of {size} bytes)")
             try:
                 header = json.loads(f.read(header_len))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ValueError(f"{self.path}: corrupt safetensors header ({e})") from None
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{self.path}: corrupt safetensors header: {e.msg} at byte "
+                                 f"{8 + e.pos}") from None
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{self.path}: corrupt safetensors header: not UTF-8 at byte "
+                                 f"{8 + e.start}") from None
         self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
         self._data_start = 8 + header_len
         for name, info in header.items():
@@ -52,15 +70,29 @@ class SafetensorsFile(Mapping[str, np.ndarray]):
                                  f"but the file has {size} bytes (an interrupted download or "
                                  "copy?)")
         self._info = header
-        self._map: np.memmap | None = None
+        self._map: np.ndarray | None = None
 
     def __getitem__(self, name: str) -> np.ndarray:
         info = self._info[name]
         start, stop = info["data_offsets"]
         if self._map is None:  # one map per file, opened at the first access
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        raw = np.asarray(self._map[self._data_start + start:self._data_start + stop])
+            self._map = map_file(self.path)
+        raw = self._map[self._data_start + start:self._data_start + stop]
         return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+    def read(self, name: str) -> np.ndarray:
+        """A private copy of a tensor, read from the file (through the page cache, not mapped
+        into this process: converting a whole model tensor by tensor this way does not leave
+        the file's pages counted in its resident memory)."""
+        info = self._info[name]
+        start, stop = info["data_offsets"]
+        raw = np.fromfile(self.path, dtype=np.uint8, count=stop - start,
+                          offset=self._data_start + start)
+        return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+    def dtype(self, name: str) -> np.dtype:
+        """The stored dtype of a tensor (from the header: nothing read)."""
+        return np.dtype(_DTYPES[self._info[name]["dtype"]])
 
     def __contains__(self, name: object) -> bool:  # without reading (Mapping's default would)
         return name in self._info

@@ -1,0 +1,83 @@
+"""Will the model fit? Checked before any weight is packed, so that a model too large for this
+machine is a clear error naming what it needs and what would fit, never an out-of-memory kill
+half-way through loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..kernels.formats import dense_twin, float_format, packed_nbytes
+from ..models import Checkpoint
+from ..models.decoder import linear_weight_shape
+
+EMBEDDING = "model.embed_tokens.weight"
+_HEADROOM = 512 << 20  # run-state buffers, the Python process, a tensor being converted
+# What to suggest, smallest first: formats that run everywhere and keep quality.
+_SMALLER = ("int8_a8", "int4_g32_a8")
+
+
+class ModelTooLargeError(MemoryError):
+    """The model, packed as asked, needs more memory than this machine has available."""
+
+
+def available_memory() -> int | None:
+    """Bytes that can still be made resident: MemAvailable (free + reclaimable page cache),
+    capped by a cgroup v2 memory limit; None where neither can be read."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            found.append(int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def resident_weight_bytes(checkpoint: Checkpoint, formats: dict[str, str]) -> int:
+    """Bytes of the weights once packed: every linear weight in its format (a tied lm_head in
+    the table's own format shares it), the embedding table as stored, the norms."""
+    args = checkpoint.args
+    emb_format = float_format(checkpoint.stored_dtype(EMBEDDING))
+    total = packed_nbytes((args.vocab_size, args.hidden_size), emb_format)
+    for name, fmt in formats.items():
+        tied = name == "lm_head.weight" and name not in checkpoint.tensors
+        if not (tied and fmt == emb_format):
+            total += packed_nbytes(linear_weight_shape(args, name), fmt)
+    return total + 8 * args.num_hidden_layers * args.hidden_size * 4
+
+
+def check_fits(checkpoint: Checkpoint, formats: dict[str, str], kv_cache_bytes: int,
+               backend: str = "native") -> None:
+    """Raise ModelTooLargeError if the packed weights plus a full KV cache cannot fit in the
+    memory available now (the NumPy reference backend holds every weight in fp32)."""
+    available = available_memory()
+    if available is None:
+        return
+    if backend == "native":
+        weights = resident_weight_bytes(checkpoint, formats)
+    else:
+        weights = resident_weight_bytes(checkpoint, dict.fromkeys(formats, "fp32"))
+    need = weights + kv_cache_bytes + _HEADROOM
+    if need <= available:
+        return
+    gb = 1e9
+    fits = [f"weights={f!r} ({resident_weight_bytes(checkpoint, _all(formats, f)) / gb:.1f} GB)"
+            for f in _SMALLER]
+    used = ", ".join(sorted(set(formats.values())))
+    raise ModelTooLargeError(
+        f"{checkpoint.path}: this model needs about {need / gb:.1f} GB of memory "
+        f"({weights / gb:.1f} GB of weights as {used}, {kv_cache_bytes / gb:.1f} GB of KV cache) "
+        f"but {available / gb:.1f} GB is available. Use a smaller weight format "
+        f"({', '.join(fits)}), a shorter sequence_length or batch_size, "
+        "kv_cache_dtype='int8', or free memory.")
+
+
+def _all(formats: dict[str, str], fmt: str) -> dict[str, str]:
+    return {n: dense_twin(fmt) if n == "lm_head.weight" else fmt for n in formats}

@@ -1,0 +1,153 @@
+"""The converted-weights cache: packed weights written once, memory-mapped on every later load.
+
+Converting a checkpoint to a runtime format (bf16 -> int8_a8, a pruned model -> bitmask sparse,
+a compressed-tensors checkpoint -> the kernels' layouts) costs seconds to minutes at 1B-7B; the
+result depends only on the source files and the formats. The first load writes the packed
+buffers to one file in the cache folder; later loads map that file (page-cache speed, 2 MB pages,
+shared by every process that loads the same model) instead of converting again. Like OpenVINO's
+model cache and llama.cpp's quantize step, but automatic.
+
+An entry is named by the source folder and the formats (so one model in one format has one
+entry, replaced when stale), and its header records the source files' sizes and modification
+times and the packing layout version: a changed source, or a new layout, makes the entry stale,
+and it is rewritten. Writes are atomic (temp + rename): an interrupted write leaves no entry.
+
+File layout: 8 bytes "SLWCACHE", 8 bytes little-endian header length, the JSON header, zero
+padding to a 4096-byte boundary, then every buffer at a 64-byte aligned offset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from ..kernels.formats import LAYOUT_VERSION, PackedWeight
+from ..models.safetensors_io import map_file
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"SLWCACHE"
+CACHE_DIR_ENV = "SPARSELLM_CACHE_DIR"
+_ALIGN = 64
+_DATA_ALIGN = 4096
+
+
+def default_cache_dir() -> Path:
+    """$SPARSELLM_CACHE_DIR, else $XDG_CACHE_HOME/sparsellm, else ~/.cache/sparsellm."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "sparsellm"
+
+
+def cache_dir_of(setting: str | Path | bool | None) -> Path | None:
+    """The `weights_cache` setting -> a folder, or None when caching is off (False / None)."""
+    if setting is True:
+        return default_cache_dir()
+    if setting is False or setting is None:
+        return None
+    return Path(setting).expanduser()
+
+
+class WeightCache:
+    """The cache entry of one (source files, formats) pair."""
+
+    def __init__(self, folder: Path, source_files: list[Path], formats: Mapping[str, str]):
+        sources = [Path(f).resolve() for f in source_files]
+        self.sources = [{"path": str(f), "size": f.stat().st_size,
+                         "mtime_ns": f.stat().st_mtime_ns} for f in sources]
+        self.formats = dict(formats)
+        name = json.dumps([[str(f) for f in sources], sorted(self.formats.items())])
+        digest = hashlib.sha256(name.encode()).hexdigest()[:20]
+        label = sources[0].parent.name if sources else "model"
+        self.path = folder / f"{label}-{digest}.weights"
+
+    def _identity(self) -> dict:
+        return {"layout": LAYOUT_VERSION, "sources": self.sources, "formats": self.formats}
+
+    def load(self) -> dict[str, PackedWeight] | None:
+        """The cached packed weights (views of the mapped file), or None if there is no entry
+        or it is stale or unreadable (then it is rebuilt)."""
+        if not self.path.is_file():
+            return None
+        try:
+            header, data = _read(self.path)
+        except (OSError, ValueError) as e:
+            logger.warning("ignoring unreadable weights cache entry %s (%s)", self.path, e)
+            return None
+        if header.get("identity") != self._identity():
+            logger.info("weights cache entry %s is stale (source or format changed)", self.path)
+            return None
+        return {name: PackedWeight(format=w["format"], shape=tuple(w["shape"]), kp=w["kp"],
+                                   arrays={key: _view(data, *a) for key, a in w["arrays"].items()})
+                for name, w in header["weights"].items()}
+
+    def save(self, weights: Mapping[str, PackedWeight]) -> bool:
+        """Write the entry atomically; False (and a warning) if the disk has no room for it."""
+        entries, offset = {}, 0
+        for name, w in weights.items():
+            arrays = {}
+            for key, a in w.arrays.items():
+                arrays[key] = [a.dtype.str, list(a.shape), offset]
+                offset += -(-a.nbytes // _ALIGN) * _ALIGN
+            entries[name] = {"format": w.format, "shape": list(w.shape), "kp": w.kp,
+                             "arrays": arrays}
+        header = json.dumps({"identity": self._identity(), "weights": entries}).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.path.parent).free
+        if offset + len(header) + (64 << 20) > free:
+            logger.warning("not caching converted weights: %s has %.1f GB free, the entry "
+                           "needs %.1f GB", self.path.parent, free / 1e9, offset / 1e9)
+            return False
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
+                                   suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+                f.write(b"\0" * (-f.tell() % _DATA_ALIGN))
+                start = f.tell()
+                for w in weights.values():
+                    for a in w.arrays.values():
+                        f.write(np.ascontiguousarray(a).data)
+                        f.write(b"\0" * (-(f.tell() - start) % _ALIGN))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return True
+
+
+def _read(path: Path) -> tuple[dict, np.ndarray]:
+    """-> (header, the data section as uint8, memory-mapped)."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+        if len(head) < 16 or head[:8] != MAGIC:
+            raise ValueError("not a sparsellm weights cache file")
+        (n,) = struct.unpack("<Q", head[8:])
+        header = json.loads(f.read(n))
+    start = -(-(16 + n) // _DATA_ALIGN) * _DATA_ALIGN
+    data = map_file(path)[start:]
+    for w in header["weights"].values():
+        for dtype, shape, offset in w["arrays"].values():
+            end = offset + int(np.prod(shape)) * np.dtype(dtype).itemsize
+            if end > data.size:
+                raise ValueError(f"truncated ({data.size} data bytes, a buffer ends at {end})")
+    return header, data
+
+
+def _view(data: np.ndarray, dtype: str, shape: list[int], offset: int) -> np.ndarray:
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return data[offset:offset + n].view(dtype).reshape(shape)
