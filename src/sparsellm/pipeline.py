@@ -75,7 +75,9 @@ class TextGeneration(Pipeline):
     sequences decoded together, prompts processed `prompt_processing_sequence_length` tokens at
     a time, `num_cores` threads; `sequence_length` defaults to an exported deployment's, else
     1024). `weights` (a `sparsellm.kernels.FORMATS` name, e.g. "int8_a8") converts every linear
-    weight on load instead of running the checkpoint's declared formats; `kv_cache_dtype="fp16"`
+    weight on load instead of running the checkpoint's declared formats (converted weights are
+    cached for the next load in `weights_cache`: True for the default folder, a folder, or
+    False; see `Engine`); `kv_cache_dtype="fp16"`
     (or "int8") stores the KV cache in half precision (int8: per-token scales), for half (a
     quarter of) the memory. Any `GenerationConfig`
     field passed here becomes a default that each call can override. With `draft_model_path` (a
@@ -93,6 +95,7 @@ class TextGeneration(Pipeline):
         batch_size: int = 4,
         num_cores: int | None = None,
         weights: str | None = None,
+        weights_cache: str | Path | bool = True,
         kv_cache_dtype: str = "fp32",
         internal_kv_cache: bool = True,  # accepted for DeepSparse compatibility; always internal
         generation_config: GenerationConfig | dict[str, Any] | None = None,
@@ -118,6 +121,7 @@ class TextGeneration(Pipeline):
             prompt_processing_sequence_length=prompt_processing_sequence_length,
             num_cores=num_cores,
             weights=weights,
+            weights_cache=weights_cache,
             kv_cache_dtype=kv_cache_dtype,
         )
         self.tokenizer = checkpoint.tokenizer
@@ -127,7 +131,7 @@ class TextGeneration(Pipeline):
             self.draft_engine = Engine(
                 draft_model_path, sequence_length=sequence_length, max_sequences=batch_size,
                 prompt_processing_sequence_length=prompt_processing_sequence_length,
-                num_cores=num_cores, kv_cache_dtype=kv_cache_dtype,
+                num_cores=num_cores, kv_cache_dtype=kv_cache_dtype, weights_cache=weights_cache,
             )
         self.generator = BatchGenerator(self.engine, self.tokenizer, checkpoint.eos_token_ids,
                                         draft=self.draft_engine,

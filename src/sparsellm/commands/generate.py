@@ -20,6 +20,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="FORMAT",
                    help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8) "
                    "instead of running the checkpoint's declared formats")
+    p.add_argument("--weights-cache", default=None, metavar="DIR",
+                   help="where converted weights are cached for the next load (default: "
+                        "$SPARSELLM_CACHE_DIR, else ~/.cache/sparsellm)")
+    p.add_argument("--no-weights-cache", dest="weights_cache", action="store_const",
+                   const=False, help="convert on every load, write no cache entry")
     p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16", "int8"], default=None,
                    help="KV-cache storage (fp16 / int8: a half / a quarter of the memory; "
                         "default fp32)")
@@ -40,6 +45,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         prompt_processing_sequence_length=args.prompt_processing_sequence_length,
         num_cores=args.num_cores,
         weights=args.weights,
+        weights_cache=args.weights_cache,
         kv_cache_dtype=args.kv_cache_dtype,
         draft_model_path=args.draft_model,
         num_speculative_tokens=args.num_speculative_tokens,

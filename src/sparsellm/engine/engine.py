@@ -18,6 +18,7 @@ import numpy as np
 from ..kernels import get_num_threads, set_num_threads
 from ..kernels.native_model import NativeDecoderModel
 from ..models import Checkpoint, load_checkpoint
+from ..progress import progress_bar
 from .kv_cache import KVCache
 from .memory_check import check_fits
 from .weight_cache import WeightCache, cache_dir_of
@@ -128,9 +129,11 @@ class Engine:
         cache = WeightCache(folder, ckpt.source_files, self.formats) \
             if folder is not None and ckpt.source_files else None
         cached = cache.load() if cache is not None else None
-        model = NativeDecoderModel(
-            self.args, native_sources(ckpt, self.formats), self.formats, max_tokens=max_tokens,
-            packed=cached if cached is not None else declared_packed(ckpt, self.formats))
+        with progress_bar(len(self.formats), "packing weights", "weight") as bar:
+            model = NativeDecoderModel(
+                self.args, native_sources(ckpt, self.formats), self.formats,
+                max_tokens=max_tokens, on_packed=lambda: bar.update(1),
+                packed=cached if cached is not None else declared_packed(ckpt, self.formats))
         if cache is not None and cached is None and model.converted and \
                 cache.save(model.converted):
             logger.info("converted weights cached in %s", cache.path)

@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import datasets as ds
 from ..models import Checkpoint, load_checkpoint
+from ..progress import progress_bar
 from .humaneval import STOP_SEQUENCES, check_problems, execute_completions, generate_completions
 from .perplexity import perplexity_of, plan_windows, score_token_ids, token_nll
 from .result import EvaluationResult, HumanEvalResult, PerplexityResult
@@ -155,8 +156,8 @@ def evaluate_perplexity(
     start = time.perf_counter()
     engine = Engine(checkpoint, max_sequences=settings.batch_size, **settings.engine_kwargs())
     ids = [checkpoint.tokenizer.encode(t) for t in texts]
-    with _progress(settings.progress, sum(max(0, len(i) - 1) for i in ids), "scoring",
-                   "tok") as bar:
+    with progress_bar(sum(max(0, len(i) - 1) for i in ids), "scoring", "tok",
+                      settings.progress) as bar:
         totals = score_token_ids(engine, ids, length, stride, on_scored=bar.update)
     return PerplexityResult(
         **settings.result_header(checkpoint, len(texts), start),
@@ -183,10 +184,10 @@ def evaluate_humaneval(
     start = time.perf_counter()
     pipeline = TextGeneration(checkpoint, batch_size=settings.batch_size,
                               **settings.engine_kwargs())
-    with _progress(settings.progress, len(problems), "generating", "problem") as bar:
+    with progress_bar(len(problems), "generating", "problem", settings.progress) as bar:
         completions = generate_completions(pipeline, problems, max_generated_tokens, stop,
                                            on_done=lambda: bar.update(1))
-    with _progress(settings.progress, len(problems), "executing", "program") as bar:
+    with progress_bar(len(problems), "executing", "program", settings.progress) as bar:
         executions = execute_completions(problems, completions, timeout, workers,
                                          on_result=lambda i, r: bar.update(1))
     count = {s: sum(e.status == s for e in executions)
@@ -224,25 +225,3 @@ def _check_positive(**values: int | None) -> None:
                                   or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-def _progress(enabled: bool | None, total: int, desc: str, unit: str) -> Any:
-    """A tqdm bar on stderr: shown on a terminal only unless `enabled` forces it on or off."""
-    if enabled is False:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, unit=unit, disable=None if enabled is None else False,
-                leave=False, dynamic_ncols=True)

@@ -14,7 +14,7 @@ same logits. Each linear weight is packed in the format chosen for it (any mix),
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -51,12 +51,14 @@ class NativeDecoderModel:
         masks: Mapping[str, np.ndarray] | None = None,
         packed: Mapping[str, PackedWeight] | None = None,
         max_tokens: int = 512,
+        on_packed: Callable[[], object] | None = None,
     ):
         """formats: one format for every linear weight, or {canonical name: format} (names
         missing from the dict stay fp32). masks: {name: kept-weights bool mask} for sparse
         formats (default: the weight's nonzeros). packed: already packed weights (e.g. exact
         integers from a compressed checkpoint), used as they are. max_tokens: largest number of
-        tokens per native call; longer batches are split into chunks."""
+        tokens per native call; longer batches are split into chunks. on_packed: called after
+        each linear weight is packed (progress)."""
         self.args = args
         self.max_tokens = int(max_tokens)
         self.native_seconds = 0.0  # wall time inside the native forward, over all calls
@@ -94,6 +96,8 @@ class NativeDecoderModel:
                 return embed if fmt == embed.format else pack_from(stored_embed, fmt)
             p = pack_from(tensors[name], fmt, masks.get(name))
             release_freed_heap()  # the conversion's temporaries, before the next tensor's
+            if on_packed is not None:
+                on_packed()
             return p
 
         # Converting is NumPy work that releases the GIL: one tensor per thread, so at most
