@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from sparsellm import ContextLengthError, Pipeline
+from sparsellm.engine import Engine
 from sparsellm.models import load_checkpoint
 
 PROMPTS = ["def f(x):", "import os\nimport sys\n\nclass Reader", "x", "The quick brown fox"]
@@ -150,7 +151,14 @@ def test_weights_converts_every_linear_on_load(tiny_llama_dir):
     pipe = Pipeline.create(model_path=str(tiny_llama_dir), weights="int8_a8", batch_size=1,
                            max_generated_tokens=8)
     assert set(pipe.engine.formats.values()) == {"int8_a8"}
-    assert isinstance(pipe("def f(x):").sequences[0], str)
+    # it generates what an int8_a8 engine over the same checkpoint computes
+    gen = pipe("def f(x):", force_max_tokens=True).generations[0]
+    engine = Engine(load_checkpoint(tiny_llama_dir), sequence_length=64, weights="int8_a8")
+    seq = engine.add_sequence()
+    want = [int(np.argmax(engine.prefill(seq, pipe.tokenizer.encode("def f(x):"))[-1]))]
+    while len(want) < 8:
+        want.append(int(np.argmax(engine.decode_step([seq], [want[-1]])[0])))
+    assert gen.token_ids == want
     with pytest.raises(ValueError, match="unknown weights format 'int9'.*int8_a8"):
         Pipeline.create(model_path=str(tiny_llama_dir), weights="int9")
 

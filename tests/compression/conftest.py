@@ -94,3 +94,20 @@ def tiny_tied_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def calib_texts() -> list[str]:
     return CORPUS
+
+
+@pytest.fixture(scope="session")
+def greedy_tokens():
+    """greedy_tokens(engine, ids, n): n greedy tokens straight from an Engine (EOS ignored),
+    what a pipeline over the same checkpoint must generate."""
+    import numpy as np
+
+    def run(engine, ids: list[int], n: int) -> list[int]:
+        seq = engine.add_sequence()
+        out = [int(np.argmax(engine.prefill(seq, ids)[-1]))]
+        while len(out) < n:
+            out.append(int(np.argmax(engine.decode_step([seq], [out[-1]])[0])))
+        engine.release(seq)
+        return out
+
+    return run

@@ -22,7 +22,8 @@ def test_calibration_samples_deterministic(tiny_model, calib_texts):
     assert few.shape[0] == 1 and few.shape[1] < 512
 
 
-def test_seed_recipe_end_to_end(tiny_tied_model, calib_texts, tmp_path, seed_recipe):
+def test_seed_recipe_end_to_end(tiny_tied_model, calib_texts, tmp_path, seed_recipe,
+                                greedy_tokens):
     SEED_RECIPE = seed_recipe
     out = tmp_path / "out"
     result = compress(str(tiny_tied_model), calib_texts, SEED_RECIPE, out,
@@ -43,9 +44,17 @@ def test_seed_recipe_end_to_end(tiny_tied_model, calib_texts, tmp_path, seed_rec
                                                       "model.layers.1"]
     assert report["bytes_after"] < report["bytes_before"] / 3
     assert "sparsity" in result.summary() and "model.layers.1" in result.summary()
-    text = Pipeline.create(model_path=str(out), max_generated_tokens=5, batch_size=1)(
-        "def add(").sequences[0]
-    assert isinstance(text, str)
+    # The compressed model runs natively as its NumPy reference does (int8 activations: within
+    # a few % of the logits' range), and the pipeline generates the engine's greedy tokens.
+    pipe = Pipeline.create(model_path=str(out), max_generated_tokens=5, batch_size=1)
+    ids = pipe.tokenizer.encode("def add(")
+    native = Engine(ckpt, sequence_length=32, max_sequences=2)
+    numpy_ = Engine(ckpt, sequence_length=32, backend="numpy")
+    a = native.prefill(native.add_sequence(), ids, all_logits=True)
+    b = numpy_.prefill(numpy_.add_sequence(), ids, all_logits=True)
+    np.testing.assert_allclose(a, b, atol=0.05 * np.abs(b).max(), rtol=0)
+    gen = pipe("def add(", force_max_tokens=True).generations[0]
+    assert gen.token_ids == greedy_tokens(native, ids, 5)
     assert (out / "recipe.yaml").read_text().strip() == SEED_RECIPE.strip()
 
 
@@ -167,7 +176,7 @@ def test_cli(tiny_model, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_smollm2_gguf_to_compressed_folder(tmp_path):
+def test_smollm2_gguf_to_compressed_folder(tmp_path, greedy_tokens):
     """The default GGUF model becomes an HF compressed folder that loads and generates."""
     from sparsellm.models.registry import MODELS
 
@@ -183,6 +192,8 @@ def test_smollm2_gguf_to_compressed_folder(tmp_path):
     assert ckpt.weight_formats["model.layers.0.mlp.up_proj.weight"].name == "sparse_fp32"
     assert ckpt.weight_formats["model.layers.1.mlp.up_proj.weight"].name == "int8"
     assert "model.layers.2.mlp.up_proj.weight" not in ckpt.weight_formats
-    text = Pipeline.create(model_path=str(out), max_generated_tokens=8, batch_size=1)(
-        "def fibonacci(n):").sequences[0]
-    assert len(text) > 0
+    pipe = Pipeline.create(model_path=str(out), max_generated_tokens=8, batch_size=1)
+    gen = pipe("def fibonacci(n):", force_max_tokens=True).generations[0]
+    assert gen.token_ids == greedy_tokens(pipe.engine, pipe.tokenizer.encode("def fibonacci(n):"),
+                                          8)
+    assert gen.text == pipe.tokenizer.decode(gen.token_ids) and gen.text.strip()
