@@ -100,7 +100,7 @@ def compress(
     for note in plan.notes:
         logger.info("%s", note)
     samples = calibration_samples(ckpt.tokenizer, texts, num_calibration_samples,
-                                  max_seq_length, seed)
+                                  max_seq_length, seed, progress)
     del texts
     calib_start = time.perf_counter()
     run = SequentialCompressor(ckpt, plan, samples, progress).run()

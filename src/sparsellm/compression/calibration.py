@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
+from collections import ChainMap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,13 +23,14 @@ import numpy as np
 
 from ..models.checkpoint import Checkpoint
 from ..models.compressed import measured_structure
-from ..models.decoder import DecoderModel, Linears, attention
+from ..models.decoder import DecoderModel, Linears, attention, linear_weight_shape
 from ..models.formats import QuantizedTensor, WeightFormat
+from ..progress import progress_bar
 from .gptq import gptq_quantize
 from .magnitude import magnitude_prune
 from .quantize import quantize_embedding, rtn_quantize
 from .recipe import Plan, TensorPlan
-from .save import CompressedModel
+from .save import CompressedModel, encode_tensor
 from .sparsegpt import accumulate_hessian, obs_compress
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ ROW_CHUNK = 8192  # tokens per Hessian accumulation chunk
 
 
 def calibration_samples(
-    tokenizer: Any, texts: Sequence[str], num_samples: int, seq_len: int, seed: int = 0
+    tokenizer: Any, texts: Sequence[str], num_samples: int, seq_len: int, seed: int = 0,
+    progress: bool | None = None,
 ) -> np.ndarray:
     """(num_samples, seq_len) token ids, deterministic: texts in a seeded shuffled order, each
     contributing at most `seq_len` tokens (so one long file cannot dominate), concatenated and
@@ -50,13 +52,16 @@ def calibration_samples(
     random.Random(seed).shuffle(order)
     need = num_samples * seq_len
     stream: list[int] = []
-    for i in order:
-        text = texts[i]
-        if not text.strip():
-            continue
-        stream += tokenizer.encode(text[: seq_len * 12])[:seq_len]
-        if len(stream) >= need:
-            break
+    with progress_bar(need, "calibration data", "tok", progress) as bar:
+        for i in order:
+            text = texts[i]
+            if not text.strip():
+                continue
+            ids = tokenizer.encode(text[: seq_len * 12])[:seq_len]
+            stream += ids
+            bar.update(min(len(ids), need - bar.n))
+            if len(stream) >= need:
+                break
     if not stream:
         raise ValueError("the calibration dataset has no text")
     if len(stream) < seq_len:
@@ -169,10 +174,22 @@ class SequentialCompressor:
         self.plan = plan
         self.samples = samples
         self.args = checkpoint.args
-        self.tensors = dict(checkpoint.tensors)
+        # The compressed weights of the layer being run over the checkpoint's own (read from
+        # its files at each access): one layer of fp32 weights is resident at a time, and each
+        # finished layer is kept only encoded (its stored integers, bitmasks and scales).
+        self.updated: dict[str, np.ndarray] = {}
+        self.tensors = ChainMap(self.updated, checkpoint.tensors)
         self.result = RunResult(CompressedModel(checkpoint, self.tensors))
-        self.progress = sys.stderr.isatty() if progress is None else progress
         self.linears = _CompressingLinears(self)
+        # Progress in weights compressed, each counted by its size (the work grows with it), so
+        # the first weights already give an ETA for the whole run.
+        args = checkpoint.args
+        total = sum(np.prod(linear_weight_shape(args, n + ".weight")) if n.startswith(
+            ("model.layers.", "lm_head")) else args.vocab_size * args.hidden_size
+            for n in plan.tensors)
+        self.bar = progress_bar(int(total) / 1e6, "compressing", "M weights", progress,
+                                bar_format="{desc} {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} "
+                                           "M weights [{elapsed}<{remaining}]")
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _apply(self, module: str, h: np.ndarray | None) -> None:
@@ -186,14 +203,26 @@ class SequentialCompressor:
         self.tensors[name] = w_new
         out = self.result.model
         out.formats[name] = fmt
+        out.zeros[name] = int((w_new == 0).sum())
         if qt is not None:
             out.quantized[name] = qt
         elif keep is not None:
             out.masks[name] = keep
+        self.bar.update(w.size / 1e6)
         err, kind = _rel_error(w, w_new, h)
         self.result.stats.append(TensorStats(
             name, tuple(w.shape), fmt.name, float((w_new == 0).mean()), err, kind,
             time.perf_counter() - start))
+
+    def _finish(self, prefix: str) -> None:
+        """Encode the compressed tensors under `prefix` for the writer and drop their fp32
+        values and integers (nothing reads them again)."""
+        out = self.result.model
+        for name in [n for n in out.formats if n.startswith(prefix) and n not in out.encoded]:
+            out.encoded[name] = encode_tensor(out, name)
+            out.quantized.pop(name, None)
+            out.masks.pop(name, None)
+            self.updated.pop(name, None)
 
     def _hessian(self, x: np.ndarray, modules: Sequence[str]) -> np.ndarray | None:
         """H of x (tokens, in) if any of `modules` needs one (or to measure their error)."""
@@ -206,8 +235,6 @@ class SequentialCompressor:
 
     # ---- run ------------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        from tqdm import tqdm
-
         a = self.args
         embed = "model.embed_tokens"
         self._apply(embed, None)
@@ -219,20 +246,19 @@ class SequentialCompressor:
         x = model.embed_tokens(self.samples.reshape(-1), positions, self.tensors[embed + ".weight"])
         rope = model.rope_tables(positions)
         attend = self._attend(model, n, s)
-        layers = range(a.num_hidden_layers)
-        bar = tqdm(layers, desc="compressing", unit="layer", disable=not self.progress,
-                   file=sys.stderr)
-        for i in bar:
+        for i in range(a.num_hidden_layers):
             start = time.perf_counter()
             x = model.layer(i, x, rope, attend, self.linears)
+            self._finish(f"model.layers.{i}.")
             self.result.layer_seconds[f"model.layers.{i}"] = time.perf_counter() - start
             logger.debug("layer %d compressed in %.1f s", i, time.perf_counter() - start)
-        bar.close()
         if "lm_head.weight" in self.tensors and "lm_head" in self.plan.tensors:
             start = time.perf_counter()
             hx = model.final_norm(x)
             self._apply("lm_head", self._hessian(hx, ["lm_head"]))
             self.result.layer_seconds["lm_head"] = time.perf_counter() - start
+        self._finish("")  # the embedding and lm_head
+        self.bar.close()
         return self.result
 
     def _attend(self, model: DecoderModel, n: int, s: int):

@@ -5,6 +5,7 @@ interrupted run never leaves a half-written folder."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,16 @@ VERSION = "sparsellm-0.1.0"
 @dataclass
 class CompressedModel:
     """What the writer needs: the source checkpoint (config, tokenizer), the final fp32 tensors
-    and, for the compressed weights, their declared formats, exact integers and keep masks."""
+    and, for the compressed weights, their declared formats, exact integers and keep masks, or
+    (once a layer is done during compression) their stored arrays already encoded."""
 
     source: Checkpoint
-    tensors: dict[str, np.ndarray]  # every tensor, fp32 (dequantized where quantized)
+    tensors: Mapping[str, np.ndarray]  # every tensor, fp32 (dequantized where quantized)
     formats: dict[str, WeightFormat] = field(default_factory=dict)
     quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
     masks: dict[str, np.ndarray] = field(default_factory=dict)  # float sparse weights: keep mask
+    encoded: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # encode_tensor's
+    zeros: dict[str, int] = field(default_factory=dict)  # exact zeros of a compressed weight
 
 
 def _module(name: str) -> str:
@@ -84,15 +88,16 @@ def encode_tensor(model: CompressedModel, name: str) -> dict[str, np.ndarray]:
 
 def encode_tensors(model: CompressedModel) -> dict[str, dict[str, np.ndarray]]:
     """{canonical tensor name: its stored arrays}, for every tensor of the model."""
-    return {name: encode_tensor(model, name) for name in model.tensors}
+    return {name: model.encoded[name] if name in model.encoded else encode_tensor(model, name)
+            for name in model.tensors}
 
 
 def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
     """config.json `quantization_config` (with `sparsity_config` nested, as compressed-tensors
     writes it), or None for an uncompressed model."""
     groups: dict[tuple, list[str]] = {}
-    for name, qt in model.quantized.items():
-        f = qt.format
+    quantized = {n: f for n, f in model.formats.items() if f.bits < 32}
+    for name, f in quantized.items():
         groups.setdefault((f.bits, f.group_size, f.symmetric, f.activation_bits), []).append(
             _module(name))
     config_groups = {}
@@ -112,9 +117,8 @@ def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {"quant_method": "compressed-tensors", "version": VERSION}
     if config_groups:
-        quantized_modules = {_module(n) for n in model.quantized}
-        all_linear = {_module(n) for n, w in model.tensors.items()
-                      if w.ndim == 2 and n.endswith(".weight")}
+        quantized_modules = {_module(n) for n in quantized}
+        all_linear = {_module(n) for n in _matrices(model) if n.endswith(".weight")}
         out.update({
             "format": formats.pop() if len(formats) == 1 else "mixed-precision",
             "config_groups": config_groups,
@@ -123,13 +127,11 @@ def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
             "quantization_status": "compressed",
         })
     if sparse:
-        bitmasked = any(n in model.masks or (n in model.quantized and
-                                             model.quantized[n].format.bits == 8)
-                        for n in sparse)
+        bitmasked = any(f.bits in (8, 32) for f in sparse.values())  # 4-bit: stored packed
         structures = {f.sparsity for f in sparse.values()}
-        total = sum(model.tensors[n].size for n in model.tensors
-                    if model.tensors[n].ndim == 2)
-        zeros = sum(int((model.tensors[n] == 0).sum()) for n in sparse)
+        total = sum(_matrices(model).values())
+        zeros = sum(model.zeros[n] if n in model.zeros else int((model.tensors[n] == 0).sum())
+                    for n in sparse)
         out["sparsity_config"] = {
             "format": "sparse-bitmask" if bitmasked else "dense",
             "global_sparsity": zeros / max(total, 1),
@@ -139,6 +141,13 @@ def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
             "registry_requires_subclass": False,
         }
     return out
+
+
+def _matrices(model: CompressedModel) -> dict[str, int]:
+    """{name: size} of the 2-D tensors, from the source's stored tensors (views of its files:
+    nothing is read or widened for a shape)."""
+    stored = model.source.stored
+    return {n: stored[n].size for n in model.tensors if n in stored and stored[n].ndim == 2}
 
 
 def hf_config(source: Checkpoint) -> dict[str, Any]:

@@ -84,9 +84,10 @@ class Checkpoint:
         """The 2-D weights formats and compression apply to (lm_head included)."""
         return linear_weight_names(self.args)
 
-    def build_model(self, tensors: dict[str, np.ndarray] | None = None) -> DecoderModel:
-        """The NumPy reference model over `tensors` (default: the checkpoint's own)."""
-        return DecoderModel(self.args, tensors or self.tensors)
+    def build_model(self, tensors: Mapping[str, np.ndarray] | None = None) -> DecoderModel:
+        """The NumPy reference model over `tensors` (default: the checkpoint's own, read into
+        memory once in fp32: the reference forward is for small models and checks)."""
+        return DecoderModel(self.args, tensors if tensors is not None else dict(self.tensors))
 
     @property
     def eos_token_ids(self) -> list[int]:

@@ -19,7 +19,7 @@ Canonical tensors ("{i}" is the layer index; `?` = present only when the spec sa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,10 +243,32 @@ class Linears:
 Attend = Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
+class _LayerTensors(Mapping[str, np.ndarray]):
+    """Layer i's tensors under their names within the layer ("mlp.up_proj.weight"), looked
+    up in the model's mapping at each access."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray], args: ModelArgs, i: int):
+        self._tensors, self._prefix = tensors, f"model.layers.{i}."
+        self._names = dict.fromkeys(n[len(self._prefix):] for n in layer_weight_names(args, i))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._tensors[self._prefix + name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 class DecoderModel:
     """Weights + forward. The KV cache and token bookkeeping belong to the engine."""
 
-    def __init__(self, args: ModelArgs, tensors: dict[str, np.ndarray]):
+    def __init__(self, args: ModelArgs, tensors: Mapping[str, np.ndarray]):
+        """tensors: canonical names -> fp32 arrays. Layer tensors are looked up in it when a
+        layer runs (a lazy mapping is never read whole: calibration runs a 7B model this way)."""
         self.args = args
         self.embed = tensors["model.embed_tokens.weight"]
         self.pos_embed = tensors["model.embed_positions.weight"] if args.learned_positions \
@@ -255,10 +277,7 @@ class DecoderModel:
         self.norm_bias = tensors.get("model.norm.bias")
         self.lm_head = tensors.get("lm_head.weight", self.embed)
         self.lm_head_bias = tensors["lm_head.bias"] if args.lm_head_bias else None
-        self.layers = [
-            {name.split(".", 3)[3]: tensors[name] for name in layer_weight_names(args, i)}
-            for i in range(args.num_hidden_layers)
-        ]
+        self.layers = [_LayerTensors(tensors, args, i) for i in range(args.num_hidden_layers)]
         self.inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
                                       tensors.get("rope_freqs.weight"))
         self.attention_scale = 1.0 / math.sqrt(args.head_dim)
