@@ -217,7 +217,7 @@ PyModel make_model(const py::dict& cfg, const py::list& layers, py::object embed
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "sparsellm native CPU kernels (AVX2+FMA with a portable scalar fallback, OpenMP)";
+  m.doc() = "sparsellm native CPU kernels (AVX2+FMA and AVX-512 paths with a portable scalar fallback, own thread pool)";
 
   m.def("cpu_supports_avx2", &cpu_supports_avx2, "True if AVX2+FMA+F16C are available");
   m.def("cpu_supports_avx512", &cpu_supports_avx512,

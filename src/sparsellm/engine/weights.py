@@ -22,11 +22,11 @@ EMBEDDING = "model.embed_tokens.weight"
 def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[str, str]:
     """-> {linear weight name: format}.
 
-    Declared formats win (`checkpoint.weight_formats`; a tied lm_head follows the embedding's);
-    `weights` instead converts every linear weight on load (a sparse format keeps the zeros of a
-    pruned checkpoint; the never-pruned lm_head gets its dense twin); anything else runs in the
-    float format it is stored in (bf16 or fp16 checkpoints stay bf16 or fp16, never widened;
-    everything else fp32).
+    `weights`, when given, converts every linear weight on load (a sparse format keeps the zeros
+    of a pruned checkpoint; the never-pruned lm_head gets its dense twin). Otherwise each weight
+    runs in the format its checkpoint declares (`checkpoint.weight_formats`; a tied lm_head
+    follows the embedding's), else in the float format it is stored in (bf16 or fp16
+    checkpoints stay bf16 or fp16, never widened; everything else fp32).
     """
     names = checkpoint.linear_weight_names
     if weights is not None:

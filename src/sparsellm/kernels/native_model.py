@@ -91,11 +91,12 @@ class NativeDecoderModel:
         def pack_one(name: str) -> PackedWeight:
             fmt = formats.get(name, "fp32")
             if name in packed:
-                return packed[name]
-            if name == "lm_head.weight" and name not in tensors:
-                return embed if fmt == embed.format else pack_from(stored_embed, fmt)
-            p = pack_from(tensors[name], fmt, masks.get(name))
-            release_freed_heap()  # the conversion's temporaries, before the next tensor's
+                p = packed[name]
+            elif name == "lm_head.weight" and name not in tensors:
+                p = embed if fmt == embed.format else pack_from(stored_embed, fmt)
+            else:
+                p = pack_from(tensors[name], fmt, masks.get(name))
+                release_freed_heap()  # the conversion's temporaries, before the next tensor's
             if on_packed is not None:
                 on_packed()
             return p
