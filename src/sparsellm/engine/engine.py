@@ -54,8 +54,9 @@ class Engine:
 
     Each linear weight runs in the format its checkpoint declares (exact stored integers when
     there are some), else in its stored float format (bf16 stays bf16); `weights="int8_a8"`
-    (any `sparsellm.kernels.FORMATS` name) converts every linear weight on load instead. `backend="numpy"` runs
-    the NumPy reference forward on exactly the weights the native kernels would use.
+    (any `sparsellm.kernels.FORMATS` name) converts every linear weight on load instead.
+    `backend="numpy"` runs the NumPy reference forward on exactly the weights the native kernels
+    would use.
     `kv_cache_dtype="fp16"` or `"int8"` stores keys and values as IEEE half or int8 (see
     KV_CACHE_DTYPES); the NumPy backend keeps fp32 or fp16.
 
