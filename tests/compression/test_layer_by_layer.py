@@ -69,3 +69,26 @@ def test_zeros_counted_as_it_goes_match_the_stored_bitmasks(tiny_model, calib_te
         kept = int(np.unpackbits(parts[f"{module}.bitmask"], axis=1, count=int(cols)).sum())
         assert model.zeros[name] == rows * cols - kept, name
         assert 0.45 < model.zeros[name] / (rows * cols) < 0.6, name
+
+
+def test_bf16_source_keeps_its_untouched_tensors_bf16(tmp_path, tiny_tokenizer_dir, calib_texts):
+    """What compression does not touch (norms, an ignored lm_head, the embedding) is written as
+    the source stores it, and runs that way: a bf16 lm_head is not widened to fp32."""
+    from bf16_models import write_bf16_model
+
+    from sparsellm.compression import compress
+    from sparsellm.dtypes import BFLOAT16
+    from sparsellm.engine import Engine
+    from sparsellm.models.safetensors_io import SafetensorsFile
+
+    source = write_bf16_model(tmp_path / "src", tiny_tokenizer_dir, hidden=64, layers=2,
+                              intermediate=128)
+    out = compress(str(source), calib_texts, RECIPE, tmp_path / "out",
+                   num_calibration_samples=4, max_seq_length=32, progress=False).output_dir
+    stored = SafetensorsFile(out / "model.safetensors")
+    for name in ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"):
+        assert stored.dtype(name) == BFLOAT16, name
+    assert stored.dtype("model.layers.0.mlp.up_proj.compressed") == np.int8  # bitmask values
+    engine = Engine(out, sequence_length=32, weights_cache=False)
+    assert engine.formats["lm_head.weight"] == "bf16"
+    assert engine.formats["model.layers.0.mlp.up_proj.weight"] == "sparse_int8_a8"

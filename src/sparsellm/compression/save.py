@@ -83,6 +83,8 @@ def encode_tensor(model: CompressedModel, name: str) -> dict[str, np.ndarray]:
         keep = model.masks[name] & (w != 0)
         return {f"{m}.{k}": v for k, v in bitmask_compress(
             np.asarray(w, dtype=np.float32), keep).items()}
+    if name not in model.formats and name in model.source.stored:
+        return {name: model.source.stored[name]}  # untouched: as the source stores it (bf16)
     return {name: np.asarray(w, dtype=np.float32)}
 
 
@@ -167,7 +169,8 @@ def hf_config(source: Checkpoint) -> dict[str, Any]:
         config.setdefault("hidden_act", "silu")
     else:
         config[TENSOR_NAMES_KEY] = "canonical"
-    config["torch_dtype"] = "float32"
+    config["torch_dtype"] = {"bfloat16": "bfloat16", "float16": "float16"}.get(
+        source.stored_dtype("model.embed_tokens.weight").name, "float32")
     return config
 
 

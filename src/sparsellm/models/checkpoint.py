@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import as_float32
+from ..dtypes import as_float32, is_float
 from ..tokenizer import Tokenizer
 from .architectures import Architecture, find_architecture
 from .compressed import decode_compressed_tensors, is_compressed_config
@@ -173,6 +173,13 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
             transform_each(copies, _float32_tensor), config)
         for note in notes:
             logger.info("%s: %s", folder, note)
+        # Tensors stored as plain floats (norms, an unquantized embedding or lm_head) run in
+        # their stored dtype, like an uncompressed checkpoint's; the rest are decoded.
+        plain = {n for f in files for n in f if n in tensors and n not in formats and
+                 is_float(f.dtype(n))}
+        stored = LazyTensors({n: partial((raw if n in plain else tensors).__getitem__, n)
+                              for n in tensors})
+        dtypes = {n: f.dtype(n) for f in files for n in f if n in plain}
     else:
         tensors = transform_each(copies, _float32_tensor)
         if canonical or arch.canonical_hf_names:
