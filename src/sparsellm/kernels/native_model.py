@@ -188,4 +188,3 @@ class NativeDecoderModel:
         """The tensors dict with every linear weight replaced by what the kernels multiply by
         (for DecoderModel reference runs and quality checks)."""
         return reference.with_dequantized(self._tensors, self.packed)
-
