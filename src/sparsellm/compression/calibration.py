@@ -187,9 +187,8 @@ class SequentialCompressor:
         total = sum(np.prod(linear_weight_shape(args, n + ".weight")) if n.startswith(
             ("model.layers.", "lm_head")) else args.vocab_size * args.hidden_size
             for n in plan.tensors)
-        self.bar = progress_bar(int(total) / 1e6, "compressing", "M weights", progress,
-                                bar_format="{desc} {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} "
-                                           "M weights [{elapsed}<{remaining}]")
+        self.bar = progress_bar(int(total), "compressing", " weights", progress,
+                                unit_scale=True)
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def _apply(self, module: str, h: np.ndarray | None) -> None:
@@ -208,7 +207,7 @@ class SequentialCompressor:
             out.quantized[name] = qt
         elif keep is not None:
             out.masks[name] = keep
-        self.bar.update(w.size / 1e6)
+        self.bar.update(w.size)
         err, kind = _rel_error(w, w_new, h)
         self.result.stats.append(TensorStats(
             name, tuple(w.shape), fmt.name, float((w_new == 0).mean()), err, kind,
