@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import yaml
 
+from seed_recipe import SEED_RECIPE
 from server.conftest import ServerProcess, sse_events
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -253,29 +254,7 @@ def one_shot_example(model_id, tmp_path_factory) -> Path:
     dataset = {split: [{**data, **format_data(data)} for data in rows]  # dataset.map(...)
                for split, rows in dataset.items()}
 
-    recipe = r"""
-compression_stage:
-    run_type: oneshot
-    oneshot_modifiers:
-        QuantizationModifier:
-            ignore: [LlamaRotaryEmbedding, LlamaRMSNorm, SiLUActivation, QuantizableMatMul]
-            post_oneshot_calibration: true
-            scheme_overrides:
-                Linear:
-                    weights:
-                        num_bits: 8
-                        symmetric: true
-                        strategy: channel
-                Embedding:
-                    input_activations: null
-                    weights:
-                        num_bits: 8
-                        symmetric: false
-        SparseGPTModifier:
-            sparsity: 0.5
-            quantize: True
-            targets: ['re:model.layers.\d*$']
-"""
+    recipe = SEED_RECIPE  # the guide's recipe, verbatim (tests/seed_recipe.py)
 
     compress(
         model=model,

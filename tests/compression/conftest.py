@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from seed_recipe import SEED_RECIPE
+
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
     "class Stack:\n    def __init__(self):\n        self.items = []\n",
@@ -17,29 +19,6 @@ CORPUS = [
 ] * 20
 
 
-SEED_RECIPE = r"""
-compression_stage:
-    run_type: oneshot
-    oneshot_modifiers:
-        QuantizationModifier:
-            ignore: [LlamaRotaryEmbedding, LlamaRMSNorm, SiLUActivation, QuantizableMatMul]
-            post_oneshot_calibration: true
-            scheme_overrides:
-                Linear:
-                    weights:
-                        num_bits: 8
-                        symmetric: true
-                        strategy: channel
-                Embedding:
-                    input_activations: null
-                    weights:
-                        num_bits: 8
-                        symmetric: false
-        SparseGPTModifier:
-            sparsity: 0.5
-            quantize: True
-            targets: ['re:model.layers.\d*$']
-"""
 
 
 @pytest.fixture(scope="session")

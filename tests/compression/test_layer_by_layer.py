@@ -75,7 +75,6 @@ def test_bf16_source_keeps_its_untouched_tensors_bf16(tmp_path, tiny_tokenizer_d
     """What compression does not touch (norms, an ignored lm_head, the embedding) is written as
     the source stores it, and runs that way: a bf16 lm_head is not widened to fp32."""
     from bf16_models import write_bf16_model
-
     from sparsellm.compression import compress
     from sparsellm.dtypes import BFLOAT16
     from sparsellm.engine import Engine

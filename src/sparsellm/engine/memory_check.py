@@ -8,9 +8,8 @@ from pathlib import Path
 
 from ..kernels.formats import dense_twin, float_format, packed_nbytes
 from ..models import Checkpoint
-from ..models.decoder import linear_weight_shape
+from ..models.decoder import EMBEDDING, linear_weight_shape
 
-EMBEDDING = "model.embed_tokens.weight"
 _HEADROOM = 512 << 20  # run-state buffers, the Python process, a tensor being converted
 # What to suggest, smallest first: formats that run everywhere and keep quality.
 _SMALLER = ("int8_a8", "int4_g32_a8")

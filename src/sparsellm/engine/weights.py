@@ -12,11 +12,11 @@ from ..kernels import FORMATS, PackedWeight, pack, parse_format
 from ..kernels.formats import dense_twin, float_format, pack_quantized
 from ..kernels.reference import with_dequantized
 from ..models import Checkpoint
+from ..models.decoder import EMBEDDING
 from ..models.formats import WeightFormat
 from ..models.lazy import LazyTensors
 
 logger = logging.getLogger(__name__)
-EMBEDDING = "model.embed_tokens.weight"
 
 
 def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[str, str]:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..models.decoder import ACTIVATIONS, RESIDUALS, ModelArgs, linear_weight_names
+from ..models.decoder import ACTIVATIONS, EMBEDDING, RESIDUALS, ModelArgs, linear_weight_names
 from ..models.rope import rope_inv_freq
 from . import reference
 from ._ext import native
@@ -27,7 +27,6 @@ from .formats import PackedWeight, float_format, pack
 from .memory import gather, release_freed_heap
 from .ops import get_num_threads
 
-EMBEDDING = "model.embed_tokens.weight"
 # C++ layer-dict key -> canonical name suffix inside "model.layers.{i}."
 _LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
            "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",

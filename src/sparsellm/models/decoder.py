@@ -123,6 +123,9 @@ def linear_weight_names(args: ModelArgs) -> list[str]:
             if n.endswith("proj.weight")] + ["lm_head.weight"]
 
 
+EMBEDDING = "model.embed_tokens.weight"  # the token embedding table (a tied lm_head's weights)
+
+
 def linear_weight_shape(args: ModelArgs, name: str) -> tuple[int, int]:
     """(out, in) of a linear weight, from the spec alone (nothing read)."""
     D, I = args.hidden_size, args.intermediate_size

@@ -15,6 +15,7 @@ from .architectures import GGUFSpec, find_architecture
 from .checkpoint import Checkpoint, check_tensors
 from .convert import expand
 from .lazy import LazyTensors, transform_each
+from .safetensors_io import INTERRUPTED
 
 
 def read_gguf_metadata(reader: Any) -> dict[str, Any]:
@@ -42,9 +43,6 @@ def gguf_config(meta: dict[str, Any], arch_name: str, tensor_names: set[str],
     }
     config.update(spec.config(arch_name, get))
     return config
-
-
-INTERRUPTED = "(an interrupted download or copy?)"
 
 
 def open_gguf(path: Path) -> Any:

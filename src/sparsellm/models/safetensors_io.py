@@ -21,6 +21,7 @@ _DTYPES = {
     "U16": np.uint16, "U32": np.uint32, "BOOL": np.bool_,
 }
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+INTERRUPTED = "(an interrupted download or copy?)"  # what a file cut short usually is
 
 
 def map_file(path: Path) -> np.ndarray:
@@ -67,27 +68,30 @@ class SafetensorsFile(Mapping[str, np.ndarray]):
             end = self._data_start + info["data_offsets"][1]
             if end > size:
                 raise ValueError(f"{self.path}: truncated: tensor {name} ends at byte {end} "
-                                 f"but the file has {size} bytes (an interrupted download or "
-                                 "copy?)")
+                                 f"but the file has {size} bytes {INTERRUPTED}")
         self._info = header
         self._map: np.ndarray | None = None
 
     def __getitem__(self, name: str) -> np.ndarray:
-        info = self._info[name]
-        start, stop = info["data_offsets"]
+        start, stop = self._span(name)
         if self._map is None:  # one map per file, opened at the first access
             self._map = map_file(self.path)
-        raw = self._map[self._data_start + start:self._data_start + stop]
-        return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+        return self._typed(name, self._map[start:stop])
 
     def read(self, name: str) -> np.ndarray:
         """A private copy of a tensor, read from the file (through the page cache, not mapped
         into this process: converting a whole model tensor by tensor this way does not leave
         the file's pages counted in its resident memory)."""
+        start, stop = self._span(name)
+        return self._typed(name, np.fromfile(self.path, np.uint8, stop - start, offset=start))
+
+    def _span(self, name: str) -> tuple[int, int]:
+        """Byte range of a tensor in the file."""
+        start, stop = self._info[name]["data_offsets"]
+        return self._data_start + start, self._data_start + stop
+
+    def _typed(self, name: str, raw: np.ndarray) -> np.ndarray:
         info = self._info[name]
-        start, stop = info["data_offsets"]
-        raw = np.fromfile(self.path, dtype=np.uint8, count=stop - start,
-                          offset=self._data_start + start)
         return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
 
     def dtype(self, name: str) -> np.dtype:
