@@ -97,6 +97,24 @@ def test_safetensors_io_round_trip(tmp_path):
         assert back[k].dtype == v.dtype
 
 
+def test_safetensors_tensors_read_from_many_threads_are_views_of_one_map(tmp_path):
+    """The engine packs on a thread pool: tensors read at once must all be views of the same
+    read-only map (two maps would defeat a packed weight being the file's own bytes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sparsellm.models.safetensors_io import SafetensorsFile
+
+    write_safetensors(tmp_path / "x.safetensors",
+                      {f"t{i}": np.full((64, 64), i, np.float32) for i in range(32)})
+    names = [f"t{i}" for i in range(32)]
+    for _ in range(20):
+        f = SafetensorsFile(tmp_path / "x.safetensors")
+        with ThreadPoolExecutor(8) as pool:
+            views = list(pool.map(f.__getitem__, names))
+        for name, v in zip(names, views, strict=True):
+            assert np.shares_memory(v, f[name]) and not v.flags.writeable, name
+
+
 # ---- GGUF ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0"])
 def test_gguf_logits_match_transformers_gguf_loader(qtype, tiny_gguf, token_ids):

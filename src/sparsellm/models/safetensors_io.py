@@ -70,12 +70,12 @@ class SafetensorsFile(Mapping[str, np.ndarray]):
                 raise ValueError(f"{self.path}: truncated: tensor {name} ends at byte {end} "
                                  f"but the file has {size} bytes {INTERRUPTED}")
         self._info = header
-        self._map: np.ndarray | None = None
+        # One map per file, made here (mapping reads nothing) so that threads reading tensors
+        # at once all get views of this one map.
+        self._map = map_file(self.path)
 
     def __getitem__(self, name: str) -> np.ndarray:
         start, stop = self._span(name)
-        if self._map is None:  # one map per file, opened at the first access
-            self._map = map_file(self.path)
         return self._typed(name, self._map[start:stop])
 
     def read(self, name: str) -> np.ndarray:
