@@ -70,6 +70,10 @@ void NativeModel::attention_block(const LayerWeights& w, int64_t layer, const in
   add_bias(q_.data(), w.bq, T, H * hd);
   add_bias(k_.data(), w.bk, T, KV * hd);
   add_bias(v_.data(), w.bv, T, KV * hd);
+  if (c.qk_norm) {  // every head's row of head_dim values normed on its own (rows of q_, k_)
+    rms_norm(q_.data(), w.q_norm, q_.data(), T * H, hd, c.eps);
+    rms_norm(k_.data(), w.k_norm, k_.data(), T * KV, hd, c.eps);
+  }
   apply_rope(q_.data(), T, H, hd, c.rotary_dim, H * hd, cos_.data(), sin_.data());
   apply_rope(k_.data(), T, KV, hd, c.rotary_dim, KV * hd, cos_.data(), sin_.data());
 

@@ -32,6 +32,7 @@ struct ModelConfig {
   bool gated = true;           // down(act(gate(h)) * up(h)) vs down(act(up(h)))
   Activation act = Activation::Silu;
   int64_t max_positions = 0;   // rows of the learned position table (0: no learned positions)
+  bool qk_norm = false;        // RMSNorm over head_dim of each q and k head, before RoPE
 };
 
 struct LayerWeights {
@@ -39,6 +40,7 @@ struct LayerWeights {
   const float* attn_norm = nullptr;  // (hidden,)
   const float* mlp_norm = nullptr;   // (hidden,); null with a shared norm
   const float *attn_norm_b = nullptr, *mlp_norm_b = nullptr;  // LayerNorm biases (optional)
+  const float *q_norm = nullptr, *k_norm = nullptr;  // (head_dim,) each, with qk_norm
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;  // optional biases
   const float *bgate = nullptr, *bup = nullptr, *bdown = nullptr;
 };
@@ -74,7 +76,7 @@ class NativeModel {
 
  private:
   void norm(const float* x, const float* w, const float* b, float* out, int64_t T);
-  // h_ (normed input) -> out (T, hidden): qkv, RoPE, cache append, attention, o_proj.
+  // h_ (normed input) -> out (T, hidden): qkv, QK-norm, RoPE, cache append, attention, o_proj.
   void attention_block(const LayerWeights& w, int64_t layer, const int64_t* slots,
                        const int64_t* positions, int64_t T, const KVCache& cache, float* out);
   // h_ -> out (T, hidden)

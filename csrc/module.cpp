@@ -163,6 +163,7 @@ PyModel make_model(const py::dict& cfg, const py::list& layers, py::object embed
   c.act = Activation(act);
   c.gated = cfg["gated"].cast<bool>();
   c.max_positions = cfg["max_positions"].cast<int64_t>();
+  c.qk_norm = cfg["qk_norm"].cast<bool>();
   c.layers = int64_t(layers.size());
   PyModel pm;
   const int64_t D = c.hidden, I = c.intermediate, qd = c.heads * c.head_dim,
@@ -184,6 +185,10 @@ PyModel make_model(const py::dict& cfg, const py::list& layers, py::object embed
     l.mlp_norm_b = vec_of(d, "mlp_norm_b", D, pm.keep);
     if (!l.attn_norm || (c.residual != Residual::Parallel && !l.mlp_norm))
       throw std::invalid_argument("layer norms missing");
+    l.q_norm = vec_of(d, "q_norm", c.head_dim, pm.keep);
+    l.k_norm = vec_of(d, "k_norm", c.head_dim, pm.keep);
+    if (c.qk_norm != (l.q_norm && l.k_norm))
+      throw std::invalid_argument("q_norm, k_norm (head_dim,) go with qk_norm, and only then");
     l.bq = vec_of(d, "bq", qd, pm.keep);
     l.bk = vec_of(d, "bk", kvd, pm.keep);
     l.bv = vec_of(d, "bv", kvd, pm.keep);

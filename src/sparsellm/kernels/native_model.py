@@ -35,6 +35,7 @@ _LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_p
 _VECTORS = {"attn_norm": "input_layernorm.weight", "attn_norm_b": "input_layernorm.bias",
             "mlp_norm": "post_attention_layernorm.weight",
             "mlp_norm_b": "post_attention_layernorm.bias",
+            "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
             **{f"b{k}": f"{base}.bias" for k, base in _LINEAR.items()}}
 
 
@@ -135,6 +136,7 @@ class NativeDecoderModel:
             "layer_norm": args.norm == "layer", "residual": RESIDUALS.index(args.residual),
             "gated": args.mlp == "gated", "act": ACTIVATIONS.index(args.activation),
             "max_positions": 0 if pos_embed is None else pos_embed.shape[0],
+            "qk_norm": args.qk_norm,
         }
         self._tensors = tensors
         self._model = native().NativeModel(

@@ -10,6 +10,7 @@ Canonical tensors ("{i}" is the layer index; `?` = present only when the spec sa
     model.layers.{i}.input_layernorm.weight / .bias ?
     model.layers.{i}.post_attention_layernorm.weight / .bias ?    (not with a shared norm)
     model.layers.{i}.self_attn.{q,k,v,o}_proj.weight / .bias ?
+    model.layers.{i}.self_attn.{q,k}_norm.weight ?               (head_dim,)  with qk_norm
     model.layers.{i}.mlp.gate_proj.weight / .bias ?               (gated MLPs only)
     model.layers.{i}.mlp.{up,down}_proj.weight / .bias ?
     model.norm.weight / .bias ?
@@ -67,6 +68,9 @@ class ModelArgs:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
+    # RMSNorm over head_dim of every query and key head (own weights for q and k, the model's
+    # norm_eps), after the projections and before RoPE (Qwen3)
+    qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
 
@@ -106,6 +110,8 @@ def layer_weight_names(args: ModelArgs, i: int) -> list[str]:
     if args.norm == "layer":
         names += [p + n + ".bias" for n in norms]
     names += [p + f"self_attn.{n}_proj.weight" for n in "qkvo"]
+    if args.qk_norm:
+        names += [p + f"self_attn.{n}_norm.weight" for n in "qk"]
     if args.qkv_bias:
         names += [p + f"self_attn.{n}_proj.bias" for n in "qkv"]
     if args.o_bias:
@@ -138,7 +144,7 @@ def linear_weight_shape(args: ModelArgs, name: str) -> tuple[int, int]:
 
 # ---- ops ----------------------------------------------------------------------------------------
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x: (T, D) -> (T, D); computed in fp32."""
+    """x: (..., D) -> (..., D) (rows, or (T, heads, head_dim) for QK-norm); in fp32."""
     var = np.mean(np.square(x), axis=-1, keepdims=True)
     return x / np.sqrt(var + eps) * weight
 
@@ -341,8 +347,12 @@ class DecoderModel:
         qkv = [f"self_attn.{n}_proj" for n in "qkv"]
         lin.prepare(i, qkv, h)
         cos, sin = rope
-        q = apply_rope(linear(qkv[0], h).reshape(T, H, hd), cos, sin)
-        k = apply_rope(linear(qkv[1], h).reshape(T, KV, hd), cos, sin)
+        q = linear(qkv[0], h).reshape(T, H, hd)
+        k = linear(qkv[1], h).reshape(T, KV, hd)
+        if a.qk_norm:
+            q = rms_norm(q, w["self_attn.q_norm.weight"], a.norm_eps)
+            k = rms_norm(k, w["self_attn.k_norm.weight"], a.norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = linear(qkv[2], h).reshape(T, KV, hd)
         att = attend(i, q, k, v)
         del q, k, v
