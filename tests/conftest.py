@@ -47,6 +47,20 @@ TINY_VARIANTS: dict[str, tuple[str, dict, dict, str]] = {
     "mistral": ("MistralConfig", {"sliding_window": 8}, {}, "float32"),
     "qwen2": ("Qwen2Config", {}, {}, "float32"),
     "qwen2_tied": ("Qwen2Config", {"tie_word_embeddings": True}, {}, "float32"),
+    # Qwen2.5 0.5B-like: tied, theta 1e6, a sliding window configured but not used
+    "qwen2_5": ("Qwen2Config", {"tie_word_embeddings": True, "rope_theta": 1e6,
+                                "rms_norm_eps": 1e-6, "use_sliding_window": False,
+                                "sliding_window": 32768, "max_window_layers": 1}, {}, "float32"),
+    # every layer slides (layers from max_window_layers = 0 on)
+    "qwen2_swa": ("Qwen2Config", {"use_sliding_window": True, "sliding_window": 8,
+                                  "max_window_layers": 0}, {}, "float32"),
+    # Llama 3.2 1B-like: tied, 128k vocabulary, llama3 RoPE scaling (factor 32); a small
+    # original context so that prefill and decode run past it
+    "llama32": ("LlamaConfig", {"tie_word_embeddings": True, "vocab_size": 128256,
+                                "rope_theta": 500000.0, "rope_scaling": {
+                                    "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 32}}, {}, "float32"),
     # other architectures (issue #8, ARCH_VARIANTS): partial rotary, fused layouts, parallel
     # residuals
     "codegen": ("CodeGenConfig", {"rotary_dim": 8}, {}, "float32"),
@@ -58,6 +72,8 @@ TINY_VARIANTS: dict[str, tuple[str, dict, dict, str]] = {
     "opt": ("OPTConfig", {}, {}, "float32"),
     "phi2": ("PhiConfig", {"partial_rotary_factor": 0.5}, {}, "float32"),
     "phi3": ("Phi3Config", {"pad_token_id": 0}, {}, "float32"),
+    # Qwen3 0.6B-like: QK-norm, GQA, head_dim (32) != hidden / heads (16), tied embeddings
+    "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}, {}, "float32"),
 }
 _GPT_SIZES = dict(n_embd=64, n_layer=2, n_head=4, n_positions=512)
 # config classes whose size keys differ from TINY_SIZES
@@ -119,8 +135,8 @@ def build_tiny_model(folder: Path, variant: str, tokenizer_folder: Path, vocab_s
     cls_name, overrides, save_kwargs, dtype = TINY_VARIANTS[variant]
     config_cls = getattr(transformers, cls_name)
     sizes = CONFIG_SIZES.get(cls_name, {**TINY_SIZES, "max_position_embeddings": 512})
-    config = config_cls(**sizes, vocab_size=vocab_size, bos_token_id=0, eos_token_id=2,
-                        **overrides)
+    config = config_cls(**{**sizes, "vocab_size": vocab_size, "bos_token_id": 0,
+                           "eos_token_id": 2, **overrides})  # a larger vocab_size may override
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, seed=sum(map(ord, variant)))
@@ -395,13 +411,42 @@ def gguf_writer():
 GGUF_ARCH_VARIANTS = {"gpt2": ("gpt2", {}), "gpt_neox": ("gptneox", {}),
                       "gpt_neox_sequential": ("gptneox", {"hidden_act": "gelu"}),
                       "phi2": ("phi2", {"intermediate_size": 256, "num_key_value_heads": 4}),
-                      "phi3": ("phi3", {})}
+                      "phi3": ("phi3", {}), "qwen3": ("qwen3", {}), "qwen2_5": ("qwen2", {}),
+                      "llama3_rope": ("llama", {})}
+
+
+def llama3_rope_factors(hp: dict) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf.py LlamaModel.generate_extra_tensors computes it
+    for llama3 RoPE scaling (float32 frequencies, one divisor per frequency). The converter
+    reads original_max_position_embeddings from the top level of config.json (default 8192,
+    which is the value inside rope_scaling for every released Llama 3.x); the tiny model's
+    small original context is inside rope_parameters, so it is read from there."""
+    import math
+
+    rope = hp["rope_parameters"]
+    dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+    freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old_context_len = rope["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_context_len / low, old_context_len / high
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(factors, dtype=torch.float32).numpy()
 
 
 def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
     """A tiny random `variant` model as llama.cpp's convert_hf_to_gguf.py writes it (metadata
     keys per architecture, gguf TensorNameMap names, GPT-2 Conv1D weights transposed, GPT-NeoX
-    qkv regrouped from per-head [q k v] to [all q; all k; all v]); returns the torch model."""
+    qkv regrouped from per-head [q k v] to [all q; all k; all v], Llama Q/K rows permuted to
+    interleaved RoPE and llama3 RoPE scaling as rope_freqs.weight); returns the torch model."""
     import gguf
     from safetensors.torch import load_file
 
@@ -409,9 +454,9 @@ def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
     cls_name, overrides, _, _ = TINY_VARIANTS[variant]
     tokens, scores, types = build_spm_vocab()
     sizes = CONFIG_SIZES.get(cls_name, {**TINY_SIZES, "max_position_embeddings": 512})
-    config = getattr(transformers, cls_name)(**{**sizes, **overrides, **extra},
-                                             vocab_size=len(tokens), bos_token_id=1,
-                                             eos_token_id=2)
+    config = getattr(transformers, cls_name)(**{**sizes, **overrides, **extra,
+                                                "vocab_size": len(tokens), "bos_token_id": 1,
+                                                "eos_token_id": 2})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     _randomize(model, seed=11)
@@ -436,6 +481,23 @@ def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
         w.add_head_count(hp["num_attention_heads"])
         w.add_parallel_residual(hp.get("use_parallel_residual", True))
         w.add_layer_norm_eps(hp["layer_norm_eps"])
+    elif arch in ("llama", "qwen2", "qwen3"):  # TextModel.set_gguf_parameters (+ LlamaModel's)
+        w.add_context_length(hp["max_position_embeddings"])
+        w.add_embedding_length(hp["hidden_size"])
+        w.add_feed_forward_length(hp["intermediate_size"])
+        w.add_head_count(hp["num_attention_heads"])
+        w.add_head_count_kv(hp["num_key_value_heads"])
+        w.add_rope_freq_base(rope["rope_theta"])
+        w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+        if hp.get("head_dim") is not None:
+            w.add_key_length(hp["head_dim"])
+            w.add_value_length(hp["head_dim"])
+        if arch == "llama":
+            w.add_vocab_size(hp["vocab_size"])
+            w.add_rope_dimension_count(hp.get("head_dim") or
+                                       hp["hidden_size"] // hp["num_attention_heads"])
+            if rope.get("rope_type") == "llama3":
+                w.add_tensor("rope_freqs.weight", llama3_rope_factors(hp))
     else:  # phi2, phi3
         n_embd, n_head = hp["hidden_size"], hp["num_attention_heads"]
         w.add_context_length(hp["max_position_embeddings"])
@@ -461,6 +523,9 @@ def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
             t = t.transpose(1, 0)
         if arch == "gptneox" and ".query_key_value." in name:
             t = t.reshape(n_head, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = n_head if "q_proj" in name else config.num_key_value_heads
+            t = torch.from_numpy(_llama_cpp_permute(t.numpy(), heads))
         gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gname is not None, name
         w.add_tensor(gname, np.ascontiguousarray(t.float().numpy()))

@@ -16,7 +16,8 @@ from sparsellm.models.rope import rope_inv_freq
 TOL = 1e-3
 
 FP32_VARIANTS = ["llama", "llama_tied", "llama_attn_bias", "llama_head_dim", "llama3_rope",
-                 "llama_linear_rope", "llama_sharded", "mistral", "qwen2", "qwen2_tied"]
+                 "llama32", "llama_linear_rope", "llama_sharded", "mistral", "qwen2", "qwen2_tied",
+                 "qwen2_5", "qwen2_swa"]
 
 
 def our_logits(folder_or_checkpoint, ids: list[int], chunk: int = 64) -> np.ndarray:

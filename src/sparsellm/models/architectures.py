@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import gpt2, gpt_neox, gptj, llama, opt, phi
+from . import gpt2, gpt_neox, gptj, llama, opt, phi, qwen3
 from .decoder import ModelArgs
 
 Tensors = dict[str, np.ndarray]
@@ -54,12 +54,19 @@ class Architecture:
 
 ARCHITECTURES = [
     Architecture(
-        "llama", "Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2",
+        "llama", "Llama 2, Llama 3.x (llama3 RoPE scaling), SmolLM, TinyLlama, Mistral, "
+        "Qwen2, Qwen2.5",
         hf_names=("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"),
         model_args=llama.model_args, from_hf=llama.from_hf,
         gguf_names=("llama", "mistral", "qwen2"),
         gguf=GGUFSpec(llama.gguf_config, llama.GGUF_TENSOR_NAMES, llama.from_gguf,
                       lazy=True),
+        canonical_hf_names=True,
+    ),
+    Architecture(
+        "qwen3", "Qwen3 (dense; QK-norm)", ("Qwen3ForCausalLM",), qwen3.model_args,
+        llama.from_hf, ("qwen3",),
+        GGUFSpec(llama.gguf_config, qwen3.GGUF_TENSOR_NAMES, llama.from_gguf, lazy=True),
         canonical_hf_names=True,
     ),
     Architecture("gpt2", "GPT-2, DistilGPT2", ("GPT2LMHeadModel",), gpt2.model_args,

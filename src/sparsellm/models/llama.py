@@ -1,4 +1,5 @@
-"""Llama family: Llama 2/3, SmolLM, TinyLlama, Mistral, Qwen2 (HF names are the canonical ones).
+"""Llama family: Llama 2/3.x, SmolLM, TinyLlama, Mistral, Qwen2/2.5 (HF names are the canonical
+ones).
 
 Math lives in decoder.py; this file maps config.json to the decoder spec, and GGUF names and
 layouts to canonical tensors. No file I/O.
@@ -11,18 +12,29 @@ from typing import Any
 
 import numpy as np
 
-from .convert import activation, common_args, rope_settings
+from .convert import UnsupportedConfigError, activation, common_args, rope_settings
 from .decoder import ModelArgs
 from .lazy import transform_each
 
 
 def model_args(config: dict[str, Any]) -> ModelArgs:
     """Build from an HF config.json dict; keys this architecture does not use are ignored."""
-    theta, scaling, _ = rope_settings(config)
     qwen2 = config.get("model_type") == "qwen2" or \
         "Qwen2ForCausalLM" in config.get("architectures", [])
     attention_bias = bool(config.get("attention_bias", False))
     return ModelArgs(
+        **llama_args(config),
+        qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
+        sliding_window=qwen_sliding_window(config) if qwen2 else
+        None if config.get("use_sliding_window") is False else config.get("sliding_window"),
+    )
+
+
+def llama_args(config: dict[str, Any]) -> dict[str, Any]:
+    """The ModelArgs keywords every Llama-like config.json spells the same way (sizes, norm
+    epsilon, RoPE and its scaling, activation, MLP bias, tying, special ids)."""
+    theta, scaling, _ = rope_settings(config)
+    return dict(
         **common_args(config, hidden_size="hidden_size", intermediate_size="intermediate_size",
                       num_hidden_layers="num_hidden_layers", vocab_size="vocab_size",
                       num_attention_heads="num_attention_heads",
@@ -32,11 +44,29 @@ def model_args(config: dict[str, Any]) -> ModelArgs:
                       eos_token_id="eos_token_id"),
         rope_theta=theta, rope_scaling=scaling,
         activation=activation(config, "hidden_act", "silu"),
-        qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
         mlp_bias=bool(config.get("mlp_bias", False)),
-        sliding_window=None if config.get("use_sliding_window") is False
-        else config.get("sliding_window"),
     )
+
+
+def qwen_sliding_window(config: dict[str, Any]) -> int | None:
+    """Qwen2/Qwen3: the attention window, from transformers >= 5 `layer_types`, else as
+    transformers derives them (layers from `max_window_layers` on slide when
+    `use_sliding_window`). One window for every layer or none; a mix is refused."""
+    n = config["num_hidden_layers"]
+    window = config.get("sliding_window") if config.get("use_sliding_window") else None
+    types = config.get("layer_types") or [
+        "sliding_attention" if window is not None and i >= config.get("max_window_layers", n)
+        else "full_attention" for i in range(n)]
+    if set(types) == {"full_attention"}:
+        return None
+    if set(types) == {"sliding_attention"} and config.get("sliding_window"):
+        return int(config["sliding_window"])
+    raise UnsupportedConfigError(
+        f"config.json layer_types={types!r} (use_sliding_window="
+        f"{config.get('use_sliding_window')!r}, max_window_layers="
+        f"{config.get('max_window_layers')!r}) is not supported by sparsellm (one attention "
+        "window for every layer); supported: every layer 'full_attention', or every layer "
+        "'sliding_attention' with a sliding_window")
 
 
 def from_hf(raw: dict[str, np.ndarray], args: ModelArgs) -> dict[str, np.ndarray]:
@@ -62,11 +92,13 @@ GGUF_TENSOR_NAMES = {
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
     "rope_freqs.weight": "rope_freqs.weight",
 }
-_GGUF_PERMUTED_QK = ("llama", "mistral")  # GGUF archs whose Q/K rows llama.cpp permuted
+# GGUF archs whose Q/K rows llama.cpp permuted (qwen2 and qwen3 run NeoX, i.e. half-split,
+# RoPE in llama.cpp: their rows stay in HF order)
+_GGUF_PERMUTED_QK = ("llama", "mistral")
 
 
 _HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM"}  # GGUF arch -> config.json architectures
+               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}  # GGUF arch -> HF
 
 
 def gguf_config(arch: str, get: Any) -> dict[str, Any]:
