@@ -5,8 +5,8 @@
 // vpdpbusd multiplies 64 unsigned by 64 signed bytes and adds each group of 4 products into 16
 // int32 lanes: one instruction per 64 weights per token, against 8 for the AVX2 sign/maddubs
 // chain, so batched decode, verification and prefill stop being compute-bound. The weights are
-// the unsigned operand, offset by 128 (w ^ 0x80 == w + 128 as a byte, 1..255: -128 is never
-// stored), and the offset's share, 128 * sum(x), is subtracted once per token (Acts::xsum):
+// the unsigned operand, offset by 128 (w ^ 0x80 == w + 128 as a byte, 0..255: -128 is 0),
+// and the offset's share, 128 * sum(x), is subtracted once per token (Acts::xsum):
 // the int32 dot product is exact, bitwise the value of the AVX2 and scalar kernels.
 //
 // The bitmask format expands a row's packed values to 64 dense columns with one vpexpandb per

@@ -10,18 +10,18 @@
 namespace sl::scalar {
 
 void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
-  // Dynamic symmetric per-token quantization: xq = rint(x * 127 / max|x|), in [-127, 127].
-  // The same float ops (one divide, one multiply, round-half-even) as the NumPy twin.
+  // Dynamic symmetric per-token quantization on compressed-tensors' grid: scale = max|x| / 127.5,
+  // xq = rint(x / scale) clamped to [-128, 127] (so -max|x| is -128 and +max|x| is 127). The
+  // same float ops as compressed-tensors and the NumPy twin.
   float amax = 0.f;
   for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-  if (amax == 0.f) {
+  *scale = amax / 127.5f;
+  if (*scale == 0.f) {  // all zeros (or so tiny that the scale underflows)
     for (int64_t i = 0; i < n; ++i) q[i] = 0;
-    *scale = 0.f;
     return;
   }
-  const float inv = 127.0f / amax;
-  for (int64_t i = 0; i < n; ++i) q[i] = int8_t(std::nearbyint(x[i] * inv));
-  *scale = amax / 127.0f;
+  for (int64_t i = 0; i < n; ++i)
+    q[i] = int8_t(std::fmin(std::fmax(std::nearbyint(x[i] / *scale), -128.f), 127.f));
 }
 
 // W8A8 over the 16-row blocks of Fmt::I8_R16 (common.h), one row at a time: the 4 weights of

@@ -135,8 +135,8 @@ void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   }, [&w](int64_t r) { return w.scale[r]; });
 }
 
-// W8A8 bitmask: 32 columns are expanded (two 16-byte shuffles) once per tile; a token then
-// costs sign + maddubs + madd + add. 8 tokens per tile, so T <= 8 expands each row once.
+// W8A8 bitmask: 32 columns are expanded (two 16-byte shuffles) and widened to int16 once per
+// tile; a token then costs a widening and two madds (dot_i8). 8 tokens per tile, so T <= 8 expands each row once.
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int8_t* V = static_cast<const int8_t*>(w.data);
   const int64_t kp = w.kp;
@@ -151,12 +151,12 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       const uint32_t m4 = load_u32(mrow + c);
       const uint32_t b0 = m4 & 255, b1 = (m4 >> 8) & 255, b2 = (m4 >> 16) & 255, b3 = m4 >> 24;
       const int n01 = __builtin_popcount(m4 & 0xffffu);
-      const __m256i wv = _mm256_set_m128i(expand16_i8(v + n01, b2, b3), expand16_i8(v, b0, b1));
-      const __m256i wa = _mm256_sign_epi8(wv, wv);
+      const I16x32 wv = widen_i8(
+          _mm256_set_m128i(expand16_i8(v + n01, b2, b3), expand16_i8(v, b0, b1)));
       v += __builtin_popcount(m4);
       for (int t = 0; t < NT; ++t) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kp + 8 * c));
-        acc[t] = dot_i8(acc[t], wa, wv, x);
+        acc[t] = dot_i8(acc[t], wv, x);
       }
     }
     for (int t = 0; t < NT; ++t)
@@ -197,7 +197,7 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 }
 
 // W4A8 bitmask: 8 columns at a time expanded to signed bytes as in gemv_sp_i4, four of them
-// joined into 32 columns for the sign/maddubs int8 dot (dot_i8) of each token; one int32
+// joined into 32 columns for the int8 dot (dot_i8) of each token; one int32
 // accumulator per token and group, scaled into fp32 at the group's end.
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
@@ -216,13 +216,12 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 4) {
         __m128i e[4];
         expand_nibble_chunks<4>(vals, mrow, c, p, e);
-        const __m256i wv = _mm256_set_m128i(_mm_unpacklo_epi64(e[2], e[3]),
-                                            _mm_unpacklo_epi64(e[0], e[1]));
-        const __m256i wa = _mm256_sign_epi8(wv, wv);
+        const I16x32 wv = widen_i8(_mm256_set_m128i(_mm_unpacklo_epi64(e[2], e[3]),
+                                                     _mm_unpacklo_epi64(e[0], e[1])));
         for (int t = 0; t < NT; ++t) {
           const __m256i x = _mm256_loadu_si256(
               reinterpret_cast<const __m256i*>(a.xq + (t0 + t) * kp + 8 * c));
-          gi[t] = dot_i8(gi[t], wa, wv, x);
+          gi[t] = dot_i8(gi[t], wv, x);
         }
       }
       const __m256 s = _mm256_set1_ps(w.scale[r * ng + g]);
@@ -255,8 +254,8 @@ void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_si256();
     for (int64_t blk = 0; blk < nb; ++blk) {
       const __m256i ctrl = s24_control(meta[blk]);
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + blk * 32));
-      const __m256i wa = _mm256_sign_epi8(wv, wv);
+      const I16x32 wv =
+          widen_i8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + blk * 32)));
       for (int t = 0; t < NT; ++t) {
         const int8_t* xq = a.xq + (t0 + t) * kp + blk * 64;
         const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
@@ -264,7 +263,7 @@ void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_
         // Slots 0/2 gather from chunks 0/1 (xa, low qwords), slots 1/3 from chunks 2/3 (xb).
         const __m256i xg = _mm256_blend_epi32(_mm256_shuffle_epi8(xa, ctrl),
                                               _mm256_shuffle_epi8(xb, ctrl), 0xcc);
-        acc[t][blk & 1] = dot_i8(acc[t][blk & 1], wa, wv, xg);
+        acc[t][blk & 1] = dot_i8(acc[t][blk & 1], wv, xg);
       }
     }
     for (int t = 0; t < NT; ++t)

@@ -44,7 +44,7 @@ void softmax_inplace(float* x, int64_t n);
 void to_half(const float* x, uint16_t* out, int64_t n);
 
 // KV-cache element types. An int8 cache row is hd values and then their float scale (4 bytes):
-// x ~= q * scale, symmetric per token and KV head (scale = max|x| / 127, as W8A8 activations),
+// x ~= q * scale, symmetric per token and KV head (scale = max|x| / 127.5, as W8A8 activations),
 // kept next to its values so that a head's keys stay one stream.
 enum class KvType : int { F32 = 0, F16 = 1, I8 = 2 };
 constexpr int64_t kKvScaleBytes = 4;

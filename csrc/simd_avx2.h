@@ -28,14 +28,25 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(h);
 }
 
-// Signed int8 x signed int8 dot product of 32 lanes, accumulated into 8 int32 lanes.
-// AVX2 has only unsigned*signed byte multiplies (maddubs): move w's sign onto x, multiply
-// |w| (<= 127, we never store -128) by sign(x, w). Pair sums are <= 2*127*127 < 32767, so the
-// int16 stage never saturates. wabs = |w| (_mm256_sign_epi8(w, w)), computed once per weight
-// vector by the caller and reused for every token.
-inline __m256i dot_i8(__m256i acc, __m256i wabs, __m256i w, __m256i x) {
-  const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(x, w));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+// 32 int8 values widened to int16: lo = values 0..15, hi = 16..31.
+struct I16x32 {
+  __m256i lo, hi;
+};
+inline I16x32 widen_i8(__m256i v) {
+  return {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+          _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1))};
+}
+
+// Signed int8 x signed int8 dot product of 32 lanes, accumulated into 8 int32 lanes (lane j
+// gets the products of values 2j, 2j+1 and 16+2j, 17+2j). Both sides may hold -128
+// (compressed-tensors' grids), which rules out the maddubs sign trick (|-128| does not fit a
+// signed byte, and its pair sums can saturate int16): the values are widened to int16 and
+// multiplied with madd, exact for every int8. w is widened once per weight vector by the
+// caller and reused for every token.
+inline __m256i dot_i8(__m256i acc, const I16x32& w, __m256i x) {
+  const I16x32 xw = widen_i8(x);
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w.lo, xw.lo),
+                                                _mm256_madd_epi16(w.hi, xw.hi)));
 }
 
 // Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):

@@ -44,7 +44,9 @@ def test_sparsegpt_int8_compress_load_generate(variant, tiny_model_dir, calib_te
     numpy_ = Engine(ckpt, sequence_length=64, backend="numpy")
     a = native.prefill(native.add_sequence(), ids, all_logits=True)
     b = numpy_.prefill(numpy_.add_sequence(), ids, all_logits=True)
-    np.testing.assert_allclose(a, b, atol=0.05 * np.abs(b).max(), rtol=0)  # int8 activations
+    # int8 activations on compressed-tensors' grid: up to ~7% of the logit range at a token of
+    # the tiny phi3 (a wrong weight or layout is ~100%)
+    np.testing.assert_allclose(a, b, atol=0.1 * np.abs(b).max(), rtol=0)
 
     pipe = Pipeline.create(model_path=str(out), sequence_length=128, max_generated_tokens=8,
                            batch_size=1)

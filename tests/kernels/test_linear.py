@@ -117,6 +117,28 @@ def test_w8a8_results_are_bitwise_the_same_on_every_isa(rng, fmt):
             np.testing.assert_array_equal(a, b, err_msg=f"{fmt}: {isa} vs scalar")
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int8_a8", "sparse_int8_a8", "2:4_int8_a8"])
+def test_int8_weights_may_be_minus_128(isa, rng, fmt):
+    """compressed-tensors' symmetric grids (max / 127.5) give -128 weights and activations:
+    every kernel multiplies them exactly."""
+    out, cols = 48, 192
+    q = rng.integers(-128, 128, (out, cols)).astype(np.int8)
+    q[:, ::5] = -128
+    mask = random_weight(rng, (out, cols), fmt)[1]
+    if mask is not None:
+        q = np.where(mask, q, 0).astype(np.int8)
+    scale = (rng.random(out) * 0.01 + 0.001).astype(np.float32)
+    p = kernels.pack_quantized(q, scale, fmt, mask=mask)
+    np.testing.assert_array_equal(ref.dequantize(p)[:, :cols] == 0, q == 0)
+    x = np.clip(rng.standard_normal((9, cols)), -1.9, 1.9).astype(np.float32)
+    x[:, ::5] = -127.5 / 64  # -max|x|: the scale is 1/64 exactly and these codes are -128,
+    x[:4, 1::5] = 127.5 / 64  # under weights of -128 too; +max|x| rounds to 128, clamped
+    assert (ref.quantize_activations(x)[0][:, ::5] == -128).all()
+    for T in (1, 4, 9):
+        np.testing.assert_allclose(kernels.linear(x[:T], p), ref.linear(x[:T], p),
+                                   **tolerance(fmt))
+
+
 def _activation_rows(rng, n):
     """Token rows that stress per-token int8: random, an outlier, all-equal, ties, zero, tiny."""
     x = rng.standard_normal((8, n)).astype(np.float32)
@@ -124,9 +146,9 @@ def _activation_rows(rng, n):
     x[2] = 0.37  # all-equal rows: every value is the row's max
     x[3] = -2.5
     x[4] = 0.0  # scale 0, codes 0
-    x[5, :] = 0.5  # with max 127: x * 127 / max is exactly k + 0.5, rounded half to even
-    x[5, 0] = 127.0
-    x[5, 1:6] = [2.5, 3.5, -2.5, -3.5, 126.5]
+    x[5, :] = 0.5  # with max 127.5 the scale is 1: x / scale is exactly k + 0.5, rounded half
+    x[5, 0] = 127.5  # to even (and 127.5 itself to 128, clipped to 127)
+    x[5, 1:7] = [2.5, 3.5, -2.5, -3.5, 126.5, -127.5]
     x[6] *= 1e-30  # tiny but nonzero
     x[7, ::2] *= -40.0
     return x
@@ -142,11 +164,12 @@ def test_activation_quantization_twin(isa, rng, n):
     x = _activation_rows(rng, n)
     y = kernels.linear(x, p)
     xq, scale = ref.quantize_activations(x)
-    assert xq.dtype == np.int8 and np.abs(xq).max() == 127
-    np.testing.assert_array_equal(scale[[2, 3, 4, 5]], [np.float32(0.37) / np.float32(127),
-                                                        np.float32(2.5) / np.float32(127), 0, 1])
+    assert xq.dtype == np.int8 and xq.max() == 127 and xq.min() == -128
+    # compressed-tensors' grid: max / 127.5, and -max (-127.5 -> -128) clipped to -127
+    np.testing.assert_array_equal(scale[[2, 3, 4, 5]], [np.float32(0.37) / np.float32(127.5),
+                                                        np.float32(2.5) / np.float32(127.5), 0, 1])
     assert (xq[2] == 127).all() and (xq[3] == -127).all() and not xq[4].any()
-    assert xq[5, 1:6].tolist() == [2, 4, -2, -4, 126]  # ties to even
+    assert xq[5, :7].tolist() == [127, 2, 4, -2, -4, 126, -128]  # ties to even, then clamped
     assert xq[1, 7] == 127 and np.abs(np.delete(xq[1], 7)).max() <= 2
     live = scale > 0
     codes = np.zeros_like(y)

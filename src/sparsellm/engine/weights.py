@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from functools import partial
 
@@ -15,8 +14,6 @@ from ..models import Checkpoint
 from ..models.decoder import EMBEDDING
 from ..models.formats import WeightFormat
 from ..models.lazy import LazyTensors
-
-logger = logging.getLogger(__name__)
 
 
 def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[str, str]:
@@ -55,13 +52,7 @@ def declared_packed(checkpoint: Checkpoint, formats: dict[str, str]) -> dict[str
         qt = checkpoint.quantized.get(_stored_as(checkpoint, name))
         if qt is None or qt.format != declared.get(name) or qt.format.name != fmt:
             continue
-        q = qt.q
-        if qt.format.bits == 8 and qt.zero_point is None and q.min(initial=0) < -127:
-            # Some writers use [-128, 127]; the int8 kernels need |q| <= 127. Moving the
-            # rare -128 to -127 changes those weights by one quantization step.
-            logger.warning("%s: int8 weights with -128 clipped to -127", name)
-            q = np.maximum(q, -127)
-        packed[name] = pack_quantized(q, qt.scale, fmt, qt.zero_point, qt.mask)
+        packed[name] = pack_quantized(qt.q, qt.scale, fmt, qt.zero_point, qt.mask)
     return packed
 
 

@@ -8,7 +8,7 @@ kernels have no tail loops. Layouts (the C++ side documents the same in csrc/com
 csrc/gemv_sparse.cpp):
 
   fp32/fp16/bf16   data (out, kp)
-  int8             data int8 (out, kp) in [-127, 127], scale (out,): w = q * scale
+  int8             data int8 (out, kp) in [-128, 127], scale (out,): w = q * scale
   int8_a8          the same values in blocks of 16 rows: data int8 (out16, kp), out16 = out
                    rounded up to 16 (zero rows); block b, columns 4j..4j+3 of its rows 0..15
                    are the 64 bytes at b * 16 * kp + 64 j, row-major (16 x 4), the order in
@@ -396,7 +396,7 @@ def pack_quantized(
 ) -> PackedWeight:
     """Pack exact integer weights: W = (q - zero_point) * scale (per row or per group).
 
-    q: (out, in) integers -- int8 formats: [-127, 127]; int4: [-8, 7] symmetric, or [0, 15]
+    q: (out, in) integers -- int8 formats: [-128, 127]; int4: [-8, 7] symmetric, or [0, 15]
     with zero_point; scale: (out,) / (out, 1) per row, or (out, in / group) for int4;
     zero_point: (out, in / group) for `*_asym` formats; mask: kept weights for sparse formats
     (default q != 0).
@@ -412,8 +412,8 @@ def pack_quantized(
         if scale.size != out:
             raise ValueError(f"{format}: scale must have one value per row ({out}), got "
                              f"{scale.shape}")
-        if q.min(initial=0) < -127 or q.max(initial=0) > 127:
-            raise ValueError(f"{format}: q must be in [-127, 127]")
+        if q.min(initial=0) < -128 or q.max(initial=0) > 127:
+            raise ValueError(f"{format}: q must be in [-128, 127]")
         qp = _pad(q.astype(np.int8), kp)
         if s.kind == "int8":
             if mask is not None:

@@ -113,13 +113,15 @@ def with_dequantized(tensors: Mapping[str, np.ndarray],
 
 
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Dynamic symmetric per-token int8: x ~= xq * scale[:, None] (twin of quantize_row)."""
+    """Dynamic symmetric per-token int8 on compressed-tensors' grid (twin of quantize_row):
+    scale = max|x| / 127.5, xq = rint(x / scale) clamped to [-128, 127] (-max|x| is -128,
+    +max|x| is 127), x ~= xq * scale[:, None]."""
     x = np.asarray(x, dtype=np.float32)
     amax = np.abs(x).max(axis=-1)
-    safe = np.where(amax > 0, amax, np.float32(1))
-    inv = (np.float32(127) / safe).astype(np.float32)
-    xq = np.rint(x * inv[:, None]).astype(np.int8)
-    scale = np.where(amax > 0, amax / np.float32(127), 0).astype(np.float32)
+    scale = (amax / np.float32(127.5)).astype(np.float32)
+    live = scale > 0  # not all zeros (nor so tiny that the scale underflows)
+    safe = np.where(live, scale, np.float32(1))
+    xq = np.where(live[:, None], np.clip(np.rint(x / safe[:, None]), -128, 127), 0).astype(np.int8)
     return xq, scale
 
 
