@@ -4,6 +4,7 @@ llm-compressor style checkpoints, and atomic writes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,9 +70,10 @@ def _variants(ckpt):
     return list(zip(names, forms, strict=False))
 
 
-def test_round_trip_every_stored_form(tiny_model, tmp_path):
+@pytest.mark.parametrize("sparsity_format", ["dense", "sparse-bitmask"])
+def test_round_trip_every_stored_form(tiny_model, tmp_path, sparsity_format):
     ckpt = load_checkpoint(tiny_model)
-    model = CompressedModel(ckpt, dict(ckpt.tensors))
+    model = CompressedModel(ckpt, dict(ckpt.tensors), sparsity_format=sparsity_format)
     for name, (_, fmt, sparsity) in _variants(ckpt):
         w = ckpt.tensors[name]
         keep = None
@@ -105,12 +107,15 @@ def test_round_trip_every_stored_form(tiny_model, tmp_path):
             assert not (got.mask & ~qt.mask).any()  # stored mask: the kept nonzeros
     stored = read_safetensors(out / "model.safetensors")
     kinds = {k.rsplit(".", 1)[-1] for k in stored}
-    assert {"weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "bitmask",
-            "compressed", "row_offsets", "shape", "weight"} <= kinds
+    bitmask_parts = {"bitmask", "compressed", "row_offsets", "shape"}
+    assert {"weight_packed", "weight_shape", "weight_scale", "weight_zero_point",
+            "weight"} <= kinds
+    assert (bitmask_parts <= kinds) == (sparsity_format == "sparse-bitmask")
+    assert not (bitmask_parts & kinds) or sparsity_format == "sparse-bitmask"
     config = json.loads((out / "config.json").read_text())
     qc = config["quantization_config"]
     assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "mixed-precision"
-    assert qc["sparsity_config"]["format"] == "sparse-bitmask"
+    assert qc["sparsity_config"]["format"] == sparsity_format
 
 
 def _write_folder(folder, tiny_model, config_extra, tensors):
@@ -274,3 +279,117 @@ def test_interrupted_write_leaves_nothing(tiny_model, tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     with pytest.raises(ValueError, match="already exists"):
         save.save_compressed(model, tmp_path / "out")
+
+
+# ---- interop with transformers + compressed-tensors ---------------------------------------------
+def _hf_and_ours(folder, ids):
+    """Logits of `folder` from transformers (loaded with no warning logged) and from sparsellm,
+    each as the checkpoint declares (W8A8: compressed-tensors fake-quantizes the activations)
+    and with activation quantization off on both sides (the exact weights)."""
+    import logging
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sparsellm.engine import Engine
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger().addHandler(handler)
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert not records, [r.getMessage() for r in records]
+    out = {}
+    for mode, weights in (("w8a8", None), ("w8", "fp32")):
+        if weights:
+            for module in hf.modules():
+                module.quantization_enabled = False  # compressed-tensors' switch
+        with torch.no_grad():
+            theirs = hf(torch.tensor([ids])).logits[0].numpy()
+        engine = Engine(folder, sequence_length=64, weights=weights, weights_cache=False)
+        ours = engine.prefill(engine.add_sequence(), ids, all_logits=True)
+        out[mode] = ours, theirs
+    return out
+
+
+def _agree(out, ids):
+    """W8: the same weights (to float rounding). W8A8: the same greedy token at almost every
+    position, and much closer to compressed-tensors' quantized activations than to none (a
+    tiny model flips a rounding on 1-ulp input differences, so not bit-exact)."""
+    ours, theirs = out["w8"]
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * np.abs(theirs).max())
+    no_act = theirs
+    ours, theirs = out["w8a8"]
+    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.9
+    assert np.abs(ours - theirs).mean() < 0.5 * np.abs(no_act - theirs).mean()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_our_output_loads_in_transformers(tiny_model, tiny_tied_model, calib_texts, tmp_path,
+                                          tied):
+    """SparseGPT 50% + W8A8 with an int8 embedding, written in the default (dense) layout:
+    current transformers + compressed-tensors load it with no warning and compute what we do.
+    A tied model's quantized embedding is written untied (transformers would tie the lm_head
+    to the compressed int8 parameter)."""
+    from sparsellm.compression import compress
+
+    recipe = (Path(__file__).parents[2] / "examples/recipes/sparsegpt50_w8a8.yaml").read_text()
+    src = tiny_tied_model if tied else tiny_model
+    out = compress(str(src), calib_texts, recipe, tmp_path / "out", num_calibration_samples=4,
+                   max_seq_length=32, progress=False).output_dir
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["sparsity_config"]["format"] == "dense"
+    assert config.get("tie_word_embeddings") is False or not tied
+    stored = read_safetensors(out / "model.safetensors")
+    assert stored["model.layers.0.mlp.up_proj.weight"].dtype == np.int8
+    assert stored["model.embed_tokens.weight"].dtype == np.int8
+    ids = load_checkpoint(out).tokenizer.encode("".join(calib_texts[:6]))[:40]
+    _agree(_hf_and_ours(out, ids), ids)
+
+
+def test_llm_compressor_output_loads_here_like_in_transformers(tiny_model, calib_texts,
+                                                               tmp_path):
+    """A 50%-sparse W8A8 model as llm-compressor writes it today (int-quantized on
+    compressed-tensors' grid, so -128 is a weight; sparsity stored densely and described in
+    sparsity_config): loaded with no clamping (no warning) and run like transformers runs it."""
+    import logging
+
+    from compressed_tensors.compressors import IntQuantizationCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+    )
+
+    scheme = QuantizationScheme(
+        targets=["Linear"],
+        weights=QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="channel"),
+        input_activations=QuantizationArgs(num_bits=8, type="int", symmetric=True,
+                                           strategy="token", dynamic=True))
+    ckpt = load_checkpoint(tiny_model)
+    pruned = ckpt.with_tensors({n: magnitude_prune(w, 0.5)[0] if n.endswith("_proj.weight")
+                                else w for n, w in ckpt.tensors.items()})
+    tensors, _ = _reference_compressed(pruned, scheme, IntQuantizationCompressor)
+    assert any((tensors[n] == -128).any() for n in tensors if n.endswith("_proj.weight"))
+    config = QuantizationConfig(config_groups={"group_0": scheme}, format="int-quantized",
+                                quantization_status="compressed", ignore=["lm_head"])
+    sparsity = {"format": "dense", "sparsity_structure": "unstructured", "global_sparsity": 0.5,
+                "targets": ["Linear"], "ignore": ["lm_head"]}
+    _write_folder(tmp_path / "m", tiny_model, {"quantization_config": {
+        **config.model_dump(exclude_none=True), "sparsity_config": sparsity}}, tensors)
+    ids = ckpt.tokenizer.encode("".join(calib_texts[:6]))[:40]
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("sparsellm").addHandler(handler)
+    try:
+        loaded = load_checkpoint(tmp_path / "m")
+        out = _hf_and_ours(tmp_path / "m", ids)
+    finally:
+        logging.getLogger("sparsellm").removeHandler(handler)
+    assert not records, [r.getMessage() for r in records]
+    assert loaded.weight_formats["model.layers.0.mlp.up_proj.weight"].name == "sparse_int8_a8"
+    _agree(out, ids)

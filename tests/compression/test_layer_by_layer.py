@@ -5,6 +5,7 @@ result is the same as encoding at the end."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from sparsellm.compression import parse_recipe
 from sparsellm.compression.calibration import SequentialCompressor, calibration_samples
@@ -18,7 +19,8 @@ QuantizationModifier: {scheme: W8A8, ignore: [lm_head]}
 """
 
 
-def _compressor(ckpt, texts, reads: list[str] | None = None) -> SequentialCompressor:
+def _compressor(ckpt, texts, sparsity_format: str = "dense",
+                reads: list[str] | None = None) -> SequentialCompressor:
     if reads is not None:  # record which tensors are read from the checkpoint, in order
         source = ckpt.tensors
         ckpt = ckpt.with_tensors(LazyTensors({
@@ -27,12 +29,13 @@ def _compressor(ckpt, texts, reads: list[str] | None = None) -> SequentialCompre
     plan = build_plan(parse_recipe(RECIPE), weight_modules(list(ckpt.tensors),
                       args.num_hidden_layers, True), "lm_head.weight" not in ckpt.tensors)
     samples = calibration_samples(ckpt.tokenizer, texts, 4, 32)
-    return SequentialCompressor(ckpt, plan, samples, progress=False)
+    return SequentialCompressor(ckpt, plan, samples, progress=False,
+                                sparsity_format=sparsity_format)
 
 
 def test_layers_are_read_in_turn_and_kept_encoded(tiny_model, calib_texts):
     reads: list[str] = []
-    compressor = _compressor(load_checkpoint(tiny_model), calib_texts, reads)
+    compressor = _compressor(load_checkpoint(tiny_model), calib_texts, reads=reads)
     held = []  # fp32 weights held in memory when each layer is done
     finish = compressor._finish
 
@@ -56,17 +59,23 @@ def test_layers_are_read_in_turn_and_kept_encoded(tiny_model, calib_texts):
     assert not model.quantized and not model.masks  # only the encoded form is kept
 
 
-def test_zeros_counted_as_it_goes_match_the_stored_bitmasks(tiny_model, calib_texts):
+@pytest.mark.parametrize("sparsity_format", ["dense", "sparse-bitmask"])
+def test_zeros_counted_as_it_goes_match_the_stored_weights(tiny_model, calib_texts,
+                                                           sparsity_format):
     """The writer's sparsity figures come from counts taken during the run (the fp32 weights
-    are gone by then): they must match what the stored bitmasks say."""
-    model = _compressor(load_checkpoint(tiny_model), calib_texts).run().model
+    are gone by then): they must match what the stored weights (or bitmasks) say."""
+    model = _compressor(load_checkpoint(tiny_model), calib_texts, sparsity_format).run().model
     sparse = [n for n, f in model.formats.items() if f.sparsity]
     assert len(sparse) == 14
     for name in sparse:
         parts = model.encoded[name]
         module = name.removesuffix(".weight")
-        rows, cols = parts[f"{module}.shape"]
-        kept = int(np.unpackbits(parts[f"{module}.bitmask"], axis=1, count=int(cols)).sum())
+        if sparsity_format == "dense":
+            rows, cols = parts[name].shape
+            kept = int(np.count_nonzero(parts[name]))  # symmetric int8: a pruned weight is 0
+        else:
+            rows, cols = parts[f"{module}.shape"]
+            kept = int(np.unpackbits(parts[f"{module}.bitmask"], axis=1, count=int(cols)).sum())
         assert model.zeros[name] == rows * cols - kept, name
         assert 0.45 < model.zeros[name] / (rows * cols) < 0.6, name
 
@@ -87,7 +96,7 @@ def test_bf16_source_keeps_its_untouched_tensors_bf16(tmp_path, tiny_tokenizer_d
     stored = SafetensorsFile(out / "model.safetensors")
     for name in ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"):
         assert stored.dtype(name) == BFLOAT16, name
-    assert stored.dtype("model.layers.0.mlp.up_proj.compressed") == np.int8  # bitmask values
+    assert stored.dtype("model.layers.0.mlp.up_proj.weight") == np.int8
     engine = Engine(out, sequence_length=32, weights_cache=False)
     assert engine.formats["lm_head.weight"] == "bf16"
     assert engine.formats["model.layers.0.mlp.up_proj.weight"] == "sparse_int8_a8"

@@ -20,6 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default=None, help="split of a Hugging Face dataset")
     p.add_argument("--seed", type=int, default=0, help="sample-order seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output dir")
+    p.add_argument("--sparsity-format", choices=["dense", "sparse-bitmask"], default="dense",
+                   help="how pruned weights are stored: dense (zeros in place; loads in "
+                   "transformers, vLLM and current compressed-tensors; the default) or "
+                   "sparse-bitmask (smaller; sparsellm and compressed-tensors <= 0.12)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,6 +45,7 @@ def main(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         seed=args.seed,
         progress=None,
+        sparsity_format=args.sparsity_format,
     )
     if not sys.stderr.isatty():  # compress() already printed the table on a terminal
         print(result.summary())

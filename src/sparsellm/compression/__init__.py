@@ -67,6 +67,7 @@ def compress(
     overwrite: bool = False,
     seed: int = 0,
     progress: bool | None = None,
+    sparsity_format: str = "dense",
 ) -> CompressionResult:
     """Compress `model` one-shot with `recipe`, calibrated on `dataset`, into `output_dir`.
 
@@ -77,14 +78,18 @@ def compress(
     path or string, or modifier objects. `tokenizer` is accepted for SparseML's signature:
     calibration text is tokenized with the model's own tokenizer. The output folder loads with
     `load_checkpoint` / `Pipeline.create`; an existing folder is replaced only with overwrite.
+    sparsity_format: how pruned weights are stored, "dense" (zeros in place: loads in
+    transformers, vLLM and current compressed-tensors) or "sparse-bitmask" (smaller; read by
+    sparsellm and compressed-tensors <= 0.12).
     A progress bar shows on a terminal (`progress` forces it on or off).
     """
     from ..atomic import check_output_dir
     from ..datasets import load_texts
     from ..models.checkpoint import load_checkpoint
     from .calibration import SequentialCompressor, calibration_samples
-    from .save import encode_tensors, save_compressed
+    from .save import check_sparsity_format, encode_tensors, save_compressed
 
+    check_sparsity_format(sparsity_format)
     start = time.perf_counter()
     parsed = parse_recipe(recipe)
     check_output_dir(output_dir, overwrite)
@@ -103,7 +108,7 @@ def compress(
                                   max_seq_length, seed, progress)
     del texts
     calib_start = time.perf_counter()
-    run = SequentialCompressor(ckpt, plan, samples, progress).run()
+    run = SequentialCompressor(ckpt, plan, samples, progress, sparsity_format).run()
     calib_seconds = time.perf_counter() - calib_start
     encoded = encode_tensors(run.model)  # once: for the report's sizes and for the file
     sizes = {s.name: sum(int(a.nbytes) for a in encoded[s.name].values()) for s in run.stats}

@@ -169,7 +169,7 @@ class SequentialCompressor:
     """Runs a Plan over a checkpoint with calibration samples (N, S) token ids."""
 
     def __init__(self, checkpoint: Checkpoint, plan: Plan, samples: np.ndarray,
-                 progress: bool | None = None):
+                 progress: bool | None = None, sparsity_format: str = "dense"):
         self.ckpt = checkpoint
         self.plan = plan
         self.samples = samples
@@ -179,7 +179,8 @@ class SequentialCompressor:
         # finished layer is kept only encoded (its stored integers, bitmasks and scales).
         self.updated: dict[str, np.ndarray] = {}
         self.tensors = ChainMap(self.updated, checkpoint.tensors)
-        self.result = RunResult(CompressedModel(checkpoint, self.tensors))
+        self.result = RunResult(CompressedModel(checkpoint, self.tensors,
+                                                sparsity_format=sparsity_format))
         self.linears = _CompressingLinears(self)
         # Progress in weights compressed, each counted by its size (the work grows with it), so
         # the first weights already give an ETA for the whole run.

@@ -3,7 +3,9 @@
 Conventions follow compressed-tensors: integers are signed (`[-2^(b-1), 2^(b-1) - 1]`), an
 asymmetric format has a signed zero point, and W ~= (q - zero_point) * scale with one scale per
 output channel (`group_size=None`) or per group of `group_size` consecutive input columns.
-Symmetric scales are max|w| / q_max, so the largest weight of a group is represented exactly.
+Symmetric scales are max|w| / ((q_max - q_min) / 2) (max / 127.5 for int8, max / 7.5 for int4),
+compressed-tensors' grid: the most negative weight of a group at -max maps to q_min, the most
+positive one clips half a step short.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ def compute_qparams(
     """Min-max parameters for each row of w: (rows, cols) -> scale (rows, 1) fp32, zero point
     (rows, 1) int8 or None. The range always contains 0, so a pruned (zero) weight stays zero."""
     qmin, qmax = qrange(bits)
-    w = np.asarray(w, dtype=np.float64)
-    if symmetric:
-        scale = (np.abs(w).max(axis=1, keepdims=True) / qmax).astype(np.float32)
+    if symmetric:  # in float32, as compressed-tensors computes it
+        amax = np.abs(np.asarray(w, dtype=np.float32)).max(axis=1, keepdims=True)
+        scale = amax / np.float32((qmax - qmin) / 2)
         scale[scale == 0] = 1.0
         return scale, None
+    w = np.asarray(w, dtype=np.float64)
     lo = np.minimum(w.min(axis=1, keepdims=True), 0.0)
     hi = np.maximum(w.max(axis=1, keepdims=True), 0.0)
     scale = ((hi - lo) / (qmax - qmin)).astype(np.float32)
@@ -48,10 +51,6 @@ def quantize_values(
     q = np.round(np.asarray(w, dtype=np.float64) / scale.astype(np.float64))
     if zero_point is not None:
         q += zero_point
-    elif bits == 8:
-        # Symmetric int8 keeps to [-127, 127]: the W8A8 kernels' integer dot products rely on
-        # |q| <= 127 (and the grid stays symmetric). GPTQ/SparseGPT updates can overshoot.
-        qmin = -qmax
     return np.clip(q, qmin, qmax).astype(np.int8)
 
 

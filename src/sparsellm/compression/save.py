@@ -15,10 +15,23 @@ import numpy as np
 from ..atomic import atomic_folder, write_json_atomic
 from ..models.checkpoint import TENSOR_NAMES_KEY, Checkpoint
 from ..models.compressed import bitmask_compress, pack_int32
+from ..models.decoder import EMBEDDING
 from ..models.formats import QuantizedTensor, WeightFormat
 from ..models.safetensors_io import write_safetensors
 
 VERSION = "sparsellm-0.1.0"
+# How sparse weights are laid out in the file (compressed-tensors' sparsity formats):
+# "dense": the zeros are stored in place (int8 `weight`, or the float weight), which every
+# current reader (compressed-tensors >= 0.13, transformers, vLLM) loads; the sparsity is
+# described in `sparsity_config` and measured again when sparsellm loads the file.
+# "sparse-bitmask": kept values + a bitmask per row (about 40% smaller at 50% sparsity), read by
+# sparsellm and compressed-tensors <= 0.12 only (later releases dropped the layout).
+SPARSITY_FORMATS = ("dense", "sparse-bitmask")
+
+
+def check_sparsity_format(name: str) -> None:
+    if name not in SPARSITY_FORMATS:
+        raise ValueError(f"sparsity_format {name!r} is not one of {', '.join(SPARSITY_FORMATS)}")
 
 
 @dataclass
@@ -34,6 +47,14 @@ class CompressedModel:
     masks: dict[str, np.ndarray] = field(default_factory=dict)  # float sparse weights: keep mask
     encoded: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # encode_tensor's
     zeros: dict[str, int] = field(default_factory=dict)  # exact zeros of a compressed weight
+    sparsity_format: str = "dense"  # one of SPARSITY_FORMATS
+
+    def __post_init__(self) -> None:
+        check_sparsity_format(self.sparsity_format)
+
+    @property
+    def bitmasked(self) -> bool:
+        return self.sparsity_format == "sparse-bitmask"
 
 
 def _module(name: str) -> str:
@@ -63,7 +84,7 @@ def encode_tensor(model: CompressedModel, name: str) -> dict[str, np.ndarray]:
         rows, cols = qt.q.shape
         parts = {f"{m}.weight_scale": qt.scale.astype(np.float32)}
         if qt.format.bits == 8:
-            if qt.mask is not None:
+            if qt.mask is not None and model.bitmasked:
                 zp_full = 0 if qt.zero_point is None else np.repeat(
                     qt.zero_point, cols // qt.scale.shape[1], axis=1)
                 keep = qt.mask & (qt.q != zp_full)
@@ -79,7 +100,7 @@ def encode_tensor(model: CompressedModel, name: str) -> dict[str, np.ndarray]:
                 parts[f"{m}.weight_zero_point"] = pack_int32(qt.zero_point, qt.format.bits,
                                                              axis=0)
         return parts
-    if name in model.masks:
+    if name in model.masks and model.bitmasked:
         keep = model.masks[name] & (w != 0)
         return {f"{m}.{k}": v for k, v in bitmask_compress(
             np.asarray(w, dtype=np.float32), keep).items()}
@@ -88,10 +109,23 @@ def encode_tensor(model: CompressedModel, name: str) -> dict[str, np.ndarray]:
     return {name: np.asarray(w, dtype=np.float32)}
 
 
+def unties_lm_head(model: CompressedModel) -> bool:
+    """A tied model whose embedding is quantized is written untied, with the lm_head stored as
+    a copy of the embedding's integers and scales (as llm-compressor does): transformers ties
+    the lm_head to the embedding's *compressed* parameter otherwise, and fails on it."""
+    fmt = model.formats.get(EMBEDDING)
+    return "lm_head.weight" not in model.tensors and fmt is not None and fmt.bits < 32
+
+
 def encode_tensors(model: CompressedModel) -> dict[str, dict[str, np.ndarray]]:
     """{canonical tensor name: its stored arrays}, for every tensor of the model."""
-    return {name: model.encoded[name] if name in model.encoded else encode_tensor(model, name)
-            for name in model.tensors}
+    out = {name: model.encoded[name] if name in model.encoded else encode_tensor(model, name)
+           for name in model.tensors}
+    if unties_lm_head(model):
+        embed = _module(EMBEDDING)
+        out["lm_head.weight"] = {"lm_head" + k[len(embed):]: v
+                                 for k, v in out[EMBEDDING].items()}
+    return out
 
 
 def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
@@ -99,6 +133,8 @@ def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
     writes it), or None for an uncompressed model."""
     groups: dict[tuple, list[str]] = {}
     quantized = {n: f for n, f in model.formats.items() if f.bits < 32}
+    if unties_lm_head(model):
+        quantized["lm_head.weight"] = quantized[EMBEDDING]
     for name, f in quantized.items():
         groups.setdefault((f.bits, f.group_size, f.symmetric, f.activation_bits), []).append(
             _module(name))
@@ -129,7 +165,7 @@ def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
             "quantization_status": "compressed",
         })
     if sparse:
-        bitmasked = any(f.bits in (8, 32) for f in sparse.values())  # 4-bit: stored packed
+        bitmasked = model.bitmasked and any(f.bits in (8, 32) for f in sparse.values())
         structures = {f.sparsity for f in sparse.values()}
         total = sum(_matrices(model).values())
         zeros = sum(model.zeros[n] if n in model.zeros else int((model.tensors[n] == 0).sum())
@@ -215,6 +251,8 @@ def write_model_files(
     if report is not None:
         write_json_atomic(folder / "compression_report.json", report)
     config = hf_config(model.source)
+    if unties_lm_head(model):
+        config["tie_word_embeddings"] = False
     qconfig = quantization_config(model)
     if qconfig is not None:
         config["quantization_config"] = qconfig
