@@ -45,6 +45,12 @@ class GenerationRequest:
     config: GenerationConfig
     return_logits: bool = False
     logprobs: int | None = None  # record each token's log-probability and this many top ones
+    # Also score the prompt: each prompt token after the first gets its log-probability (and
+    # `logprobs` top ones) from the prefill's logits, in `prompt_logprobs`.
+    score_prompt: bool = False
+    # False: only score the prompt (no token is sampled); the last prompt token is then only a
+    # target, so the prefill feeds len(prompt_ids) - 1 tokens.
+    generate: bool = True
     on_event: Callable[[TokenEvent], None] | None = None
     id: int = field(default_factory=itertools.count().__next__)
     # state, filled in while generating
@@ -55,6 +61,8 @@ class GenerationRequest:
     logits: list[np.ndarray] = field(default_factory=list)  # rows (n, vocab), when return_logits
     # per generated token: (its log-probability, {token id: log-probability} of the top ones)
     token_logprobs: list[tuple[float, dict[int, float]]] = field(default_factory=list)
+    # with score_prompt: the same for prompt tokens 1.. (the first token has no prediction)
+    prompt_logprobs: list[tuple[float, dict[int, float]]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -109,18 +117,25 @@ class BatchGenerator:
                                  "max_sequences and sequence_length")
 
     # ---- queue ----------------------------------------------------------------------------------
-    def check_fits(self, prompt_ids: Sequence[int]) -> None:
+    def check_fits(self, prompt_ids: Sequence[int], generate: bool = True) -> None:
+        """A prompt to generate from needs room for one new token; one only scored fits
+        sequence_length + 1 tokens (its last one is never fed)."""
         n, limit = len(prompt_ids), self.engine.sequence_length
         if n == 0:
             raise ValueError("the prompt is empty (no tokens)")
-        if n >= limit:
+        if not generate and n > limit + 1:
+            raise ContextLengthError(
+                f"the prompt has {n} tokens but sequence_length is {limit}: at most {limit + 1} "
+                "tokens can be scored; shorten the prompt or raise sequence_length", n, limit,
+            )
+        if generate and n >= limit:
             raise ContextLengthError(
                 f"the prompt has {n} tokens but sequence_length is {limit}: no room to generate; "
                 "shorten the prompt or raise sequence_length", n, limit,
             )
 
     def add(self, request: GenerationRequest) -> GenerationRequest:
-        self.check_fits(request.prompt_ids)
+        self.check_fits(request.prompt_ids, request.generate)
         self.waiting.append(request)
         return request
 
@@ -152,18 +167,38 @@ class BatchGenerator:
             r = self.waiting.popleft()
             r.slot = self.engine.add_sequence()
             live = self.active[r] = _Live(r, self.tokenizer)
+            if not r.generate:
+                events.append(self._score_only(r))
+                continue
             if self.draft is not None:
                 live.draft_slot = self.draft.add_sequence()
                 live.draft_k = self.num_speculative_tokens
                 self.draft.prefill(live.draft_slot, r.prompt_ids)
-            logits = self.engine.prefill(r.slot, r.prompt_ids, all_logits=r.return_logits)
-            if r.return_logits:
-                r.logits.append(logits[:-1].copy())
+            logits = self.engine.prefill(r.slot, r.prompt_ids,
+                                         all_logits=r.return_logits or r.score_prompt)
+            self._record_prompt(r, logits[:-1])
             events.append(self._advance(r, logits[-1]))
         for event in events:
             if event.request.on_event:
                 event.request.on_event(event)
         return events
+
+    def _score_only(self, r: GenerationRequest) -> TokenEvent:
+        """One prefill of all prompt tokens but the last (rows predicting tokens 1..n-1), then
+        finish without sampling."""
+        if len(r.prompt_ids) > 1:
+            logits = self.engine.prefill(r.slot, r.prompt_ids[:-1], all_logits=True)
+            self._record_prompt(r, logits)
+        return self._finish(r, FINISH_LENGTH)
+
+    def _record_prompt(self, r: GenerationRequest, logits: np.ndarray) -> None:
+        """logits (k, vocab): row i predicts prompt token i + 1."""
+        if r.return_logits:
+            r.logits.append(logits.copy())
+        if r.score_prompt:
+            top = r.logprobs or 0
+            r.prompt_logprobs = [_logprobs(row, token, top) for row, token in
+                                 zip(logits, r.prompt_ids[1:len(logits) + 1], strict=True)]
 
     def _advance(self, r: GenerationRequest, logits: np.ndarray) -> TokenEvent:
         """Sample the next token of r from `logits` and emit it."""
@@ -296,7 +331,7 @@ class BatchGenerator:
     def run(self, requests: Sequence[GenerationRequest]) -> list[GenerationRequest]:
         """Generate all `requests` to completion (as a batch, `max_sequences` at a time)."""
         for r in requests:
-            self.check_fits(r.prompt_ids)
+            self.check_fits(r.prompt_ids, r.generate)
         for r in requests:
             self.add(r)
         while self.has_work:

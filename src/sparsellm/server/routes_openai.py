@@ -56,25 +56,45 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
     @app.post("/v1/completions", response_model=CompletionResponse, responses=stream_responses,
               tags=["openai"])
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        """Text completion for a prompt (or a list of prompts), `n` choices each."""
+        """Text completion for a prompt (or a list of prompts; text or token ids), `n` choices
+        each. `echo` + `logprobs` also scores the prompt; `max_tokens: 0` only scores it."""
         served = _check_common(state, body)
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        prompt_ids = [state.encode(served, p, "prompt") for p in prompts]
-        requests = _requests(state, served, body, prompt_ids, body.max_tokens, "prompt",
-                             body.logprobs)
-        submission = state.submit(served, requests)
+        if body.max_tokens == 0 and not body.echo:
+            raise APIError(400, "max_tokens must be at least 1; 0 is accepted with echo=true "
+                           "(score the prompt without generating)", param="max_tokens")
+        prompt_ids = _completion_prompts(state, served, body.prompt)
         tok = served.pipeline.tokenizer
+        echoes = [_echo_text(tok, body.prompt, i, ids) for i, ids in enumerate(prompt_ids)] \
+            if body.echo else [""] * len(prompt_ids)
+        score = body.echo and body.logprobs is not None
+        requests = _requests(state, served, body, prompt_ids, body.max_tokens, "prompt",
+                             body.logprobs, score_prompt=score)
+        submission = state.submit(served, requests)
         meta = _meta("cmpl", served)
         n_prompt = sum(len(ids) for ids in prompt_ids)
+
+        def prompt_logprobs(i: int) -> CompletionLogprobs | None:
+            """Choice i's echoed prompt tokens, scored (None unless echo and logprobs)."""
+            if not score:
+                return None
+            r = submission.requests[i]
+            entries = [(r.prompt_ids[0], None, None), *(
+                (t, lp, top) for t, (lp, top) in
+                zip(r.prompt_ids[1:], r.prompt_logprobs, strict=True))]
+            return _completion_logprobs(tok, entries, 0)
+
         if not body.stream:
             results = await state.collect(request, served, submission)
             choices = []
             for i, r in enumerate(results):
-                echo = prompts[i // body.n] if body.echo else ""
+                echo = echoes[i // body.n]
+                lp = None
+                if body.logprobs is not None:
+                    lp = _join_logprobs(prompt_logprobs(i), _completion_logprobs(
+                        tok, _logprob_entries(r), len(echo)))
                 choices.append(CompletionChoice(
                     index=i, text=echo + r.text, finish_reason=_finish(r.finished_reason),
-                    logprobs=_completion_logprobs(tok, _logprob_entries(r), len(echo))
-                    if body.logprobs is not None else None))
+                    logprobs=lp))
             return CompletionResponse(**meta, choices=choices,
                                       usage=_usage(n_prompt, _completion_tokens(results)))
 
@@ -82,17 +102,20 @@ def add_openai_routes(app: FastAPI, state: ServerState, responses: dict) -> None
         chunk = counts.chunk
 
         def on_event(i: int, ev: StreamEvent) -> list[dict[str, Any]]:
-            text = ev.text
+            text, lp = ev.text, None
             if counts.first(i) and body.echo:
-                text = prompts[i // body.n] + text
+                echo = echoes[i // body.n]
+                counts.offset(i, echo)
+                text = echo + text
+                lp = prompt_logprobs(i)
             counts.add(ev)
-            lp = None
             if ev.logprob is not None and ev.token_id is not None:
-                lp = _completion_logprobs(tok, [(ev.token_id, *ev.logprob)],
-                                          counts.offset(i, text)).model_dump()
+                lp = _join_logprobs(lp, _completion_logprobs(
+                    tok, [(ev.token_id, *ev.logprob)], counts.offset(i, ev.text)))
             if not text and lp is None and ev.finished_reason is None:
                 return []
-            return [chunk([{"index": i, "text": text, "logprobs": lp,
+            return [chunk([{"index": i, "text": text,
+                            "logprobs": None if lp is None else lp.model_dump(),
                             "finish_reason": _finish(ev.finished_reason)}])]
 
         return state.stream(served, submission, on_event, counts.closing)
@@ -171,10 +194,36 @@ def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
     return [m.as_template_input() for m in conversation]
 
 
+def _completion_prompts(state: ServerState, served: ServedModel,
+                        prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+    """Token ids of each prompt: strings are tokenized, token ids checked against the
+    vocabulary."""
+    if isinstance(prompt, str):
+        return [state.encode(served, prompt, "prompt")]
+    if isinstance(prompt[0], str):
+        return [state.encode(served, p, "prompt") for p in prompt]
+    prompts = [prompt] if isinstance(prompt[0], int) else prompt
+    vocab = served.pipeline.engine.vocab_size
+    for ids in prompts:
+        bad = max(ids)
+        if bad >= vocab:
+            raise APIError(400, f"invalid 'prompt': token id {bad} is out of range; this "
+                           f"model's token ids are 0 to {vocab - 1}", param="prompt")
+    return [list(ids) for ids in prompts]
+
+
+def _echo_text(tok: Any, prompt: Any, i: int, ids: list[int]) -> str:
+    """The prompt as echoed: the string sent, or the decoded token ids."""
+    if isinstance(prompt, str):
+        return prompt
+    return prompt[i] if isinstance(prompt[i], str) else tok.decode(ids)
+
+
 def _requests(state: ServerState, served: ServedModel, body: _Sampling,
               prompt_ids: list[list[int]], max_tokens: int | None, param: str,
-              logprobs: int | None) -> list[GenerationRequest]:
-    """n requests per prompt; choice j of a seeded request uses seed + j (distinct choices)."""
+              logprobs: int | None, score_prompt: bool = False) -> list[GenerationRequest]:
+    """n requests per prompt; choice j of a seeded request uses seed + j (distinct choices).
+    max_tokens 0 makes requests that only score the prompt."""
     kwargs = body.sampling_kwargs()
     base = state.generation_config(served, **kwargs)
     requests = []
@@ -182,9 +231,12 @@ def _requests(state: ServerState, served: ServedModel, body: _Sampling,
         new_tokens = state.check_context(served, ids, max_tokens, param)
         for j in range(body.n):
             seed = None if base.seed is None else (base.seed + j) % 2**63
+            # a scoring-only request samples nothing: its token budget is never used
             config = state.generation_config(served, **{**kwargs, "seed": seed},
-                                             max_generated_tokens=new_tokens)
-            requests.append(GenerationRequest(ids, config, logprobs=logprobs))
+                                             max_generated_tokens=max(new_tokens, 1))
+            requests.append(GenerationRequest(ids, config, logprobs=logprobs,
+                                              score_prompt=score_prompt,
+                                              generate=new_tokens > 0))
     return requests
 
 
@@ -206,8 +258,9 @@ def _completion_tokens(results: list[GenerationRequest]) -> int:
     return sum(len(r.output_ids) for r in results)
 
 
-# (token id, its log-probability, {token id: log-probability} of the top ones)
-LogprobEntry = tuple[int, float, dict[int, float]]
+# (token id, its log-probability, {token id: log-probability} of the top ones); None for a
+# prompt's first token, which nothing predicts
+LogprobEntry = tuple[int, float | None, dict[int, float] | None]
 
 
 def _logprob_entries(r: GenerationRequest) -> list[LogprobEntry]:
@@ -260,12 +313,24 @@ def _completion_logprobs(tok: Any, entries: list[LogprobEntry], start: int
     for token_id, lp, top in entries:
         text = _token_text(tok, token_id)
         tokens.append(text)
-        lps.append(finite(lp))
-        tops.append({_token_text(tok, t): finite(v) for t, v in top.items()})
+        lps.append(None if lp is None else finite(lp))
+        tops.append(None if top is None else
+                    {_token_text(tok, t): finite(v) for t, v in top.items()})
         offsets.append(offset)
         offset += len(text)
     return CompletionLogprobs(tokens=tokens, token_logprobs=lps, top_logprobs=tops,
                               text_offset=offsets)
+
+
+def _join_logprobs(first: CompletionLogprobs | None, second: CompletionLogprobs
+                   ) -> CompletionLogprobs:
+    """The prompt's entries (if any), then the generated tokens'."""
+    if first is None:
+        return second
+    return CompletionLogprobs(tokens=first.tokens + second.tokens,
+                              token_logprobs=first.token_logprobs + second.token_logprobs,
+                              top_logprobs=first.top_logprobs + second.top_logprobs,
+                              text_offset=first.text_offset + second.text_offset)
 
 
 def _chat_logprobs(tok: Any, entries: list[LogprobEntry]) -> ChatLogprobs:

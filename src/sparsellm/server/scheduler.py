@@ -133,7 +133,7 @@ class Scheduler:
         """Queue requests (all or none); raises QueueFull, or ContextLengthError/ValueError for a
         prompt that cannot fit. Call from the event loop."""
         for r in requests:
-            self.generator.check_fits(r.prompt_ids)
+            self.generator.check_fits(r.prompt_ids, r.generate)
         with self._count_lock:
             if self._stopping or self._inflight + len(requests) > self.capacity:
                 raise QueueFull(self.name)

@@ -44,6 +44,10 @@ TopK = Annotated[int, Field(ge=0, le=MAX_INT)]
 Penalty = Annotated[float, Field(ge=0.01, le=100, allow_inf_nan=False)]
 Prompt = Annotated[str, Field(min_length=1)]
 Prompts = Annotated[list[Prompt], Field(min_length=1, max_length=MAX_PROMPTS)] | Prompt
+# OpenAI's legacy completions also take token ids: one prompt as a list of ids, or a list of them
+# (ids beyond the model's vocabulary are refused by the route, which knows it).
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_INT)]], Field(min_length=1)]
+TokenPrompts = TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
 
 
 class StrictModel(BaseModel):
@@ -144,8 +148,12 @@ class _Sampling(StrictModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Prompts
-    max_tokens: PosInt | None = None
+    """`prompt`: a string, a list of strings, a list of token ids or a list of such lists.
+    `echo` with `logprobs` scores the prompt tokens too; `max_tokens: 0` (only with `echo`)
+    scores without generating."""
+
+    prompt: Prompts | TokenPrompts
+    max_tokens: Annotated[int, Field(ge=0, le=MAX_INT)] | None = None
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
     best_of: Annotated[int, Field(ge=1, le=1)] | None = None
@@ -194,9 +202,12 @@ FinishReason = Literal["stop", "length"]
 
 
 class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy shape. With echo the prompt's tokens come first; its first token has no
+    prediction, so its log-probability and top ones are null."""
+
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
