@@ -1,7 +1,10 @@
-"""`sparsellm eval MODEL [MODEL2 ...]`: perplexity or HumanEval pass@1, one row per model.
+"""`sparsellm eval MODEL [MODEL2 ...]`: perplexity, HumanEval pass@1 or lm-evaluation-harness
+tasks, one row per model (per model, task and metric for lm-eval).
 
     sparsellm eval smollm2-135m-instruct ./pruned50-int8 --integration perplexity \\
         --dataset openai_humaneval --export-json results.json
+    sparsellm eval ./pruned50-int8 --integration lm-evaluation-harness --tasks arc_easy \\
+        --include_path ./my_tasks
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ PERPLEXITY_COLUMNS = [("model", 32, "<"), ("format", 24, "<"), ("PPL", 10, ">"),
 HUMANEVAL_COLUMNS = [("model", 32, "<"), ("format", 24, "<"), ("pass@1", 8, ">"),
                      ("passed", 7, ">"), ("failed", 7, ">"), ("timeouts", 9, ">"),
                      ("crashed", 8, ">"), ("seconds", 9, ">")]
+HARNESS_COLUMNS = [("model", 32, "<"), ("format", 24, "<"), ("task", 20, "<"),
+                   ("metric", 16, "<"), ("value", 8, ">"), ("seconds", 9, ">")]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +28,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"models to compare: paths, GGUF files, registry names (default "
                    f"{DEFAULT_MODEL})")
     p.add_argument("--integration", default="perplexity",
-                   help="perplexity (default) or humaneval")
+                   help="perplexity (default), humaneval or lm-evaluation-harness (needs "
+                   'pip install "sparsellm[lm-eval]")')
+    p.add_argument("--tasks", nargs="+", default=None, metavar="TASK",
+                   help="lm-evaluation-harness: lm-eval task names (comma-separated or several)")
+    p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, default=None,
+                   help="lm-evaluation-harness: few-shot examples per prompt (default: the "
+                   "task's)")
+    p.add_argument("--include-path", "--include_path", dest="include_path", nargs="+",
+                   default=None, metavar="DIR",
+                   help="lm-evaluation-harness: folders of task YAML files besides lm-eval's own")
     p.add_argument("--dataset", "--datasets", default="openai_humaneval",
                    help="openai_humaneval (default), python-stdlib, a .txt/.jsonl/.json file, or "
                    "a Hugging Face dataset in the local cache")
@@ -62,11 +76,28 @@ def main(args: argparse.Namespace) -> int:
     from ..atomic import write_json_atomic
     from ..evaluation import evaluate
 
-    columns = PERPLEXITY_COLUMNS if args.integration == "perplexity" else HUMANEVAL_COLUMNS
+    harness = args.integration == "lm-evaluation-harness"
+    columns = PERPLEXITY_COLUMNS if args.integration == "perplexity" else \
+        HARNESS_COLUMNS if harness else HUMANEVAL_COLUMNS
+    if harness and not args.tasks:
+        raise ValueError("--integration lm-evaluation-harness needs --tasks (lm-eval task "
+                         "names, e.g. --tasks arc_easy,hellaswag)")
+    if args.tasks and not harness:
+        raise ValueError("--tasks is for --integration lm-evaluation-harness; use --dataset "
+                         f"with {args.integration}")
+    if harness:
+        try:
+            import lm_eval  # noqa: F401 -- the optional extra, checked before any model loads
+        except ImportError:
+            print('sparsellm eval: error: --integration lm-evaluation-harness needs lm-eval: '
+                  'pip install "sparsellm[lm-eval]"', file=sys.stderr)
+            return 2
     results = []
     for model in args.models or [DEFAULT_MODEL]:
         r = evaluate(
-            model, datasets=args.dataset, integration=args.integration,
+            model, datasets=args.tasks if harness else args.dataset,
+            integration=args.integration, num_fewshot=args.num_fewshot,
+            include_path=args.include_path,
             text_column_name=args.text_column_name, limit=args.limit,
             sequence_length=args.sequence_length, stride=args.stride,
             batch_size=args.batch_size, max_generated_tokens=args.max_generated_tokens,
@@ -79,11 +110,16 @@ def main(args: argparse.Namespace) -> int:
             print(_row(columns, [name for name, _, _ in columns]), flush=True)
         results.append(r)
         if args.integration == "perplexity":
-            values = [r.model, r.format, f"{r.perplexity:.4f}", str(r.tokens), f"{r.seconds:.1f}"]
+            rows = [[r.model, r.format, f"{r.perplexity:.4f}", str(r.tokens),
+                     f"{r.seconds:.1f}"]]
+        elif harness:
+            rows = [[r.model, r.format, task, metric, f"{value:.4f}", f"{r.seconds:.1f}"]
+                    for task, metric, value in r.metrics()]
         else:
-            values = [r.model, r.format, f"{r.pass_at_1:.4f}", str(r.passed), str(r.failed),
-                      str(r.timeouts), str(r.crashed), f"{r.seconds:.1f}"]
-        print(_row(columns, values), flush=True)
+            rows = [[r.model, r.format, f"{r.pass_at_1:.4f}", str(r.passed), str(r.failed),
+                     str(r.timeouts), str(r.crashed), f"{r.seconds:.1f}"]]
+        for values in rows:
+            print(_row(columns, values), flush=True)
         if args.export_json:  # rewritten after each model, so a long run keeps partial results
             write_json_atomic(args.export_json, [x.to_dict() for x in results])
     if args.export_json:

@@ -1,4 +1,4 @@
-"""Evaluate a model: perplexity on a dataset, HumanEval pass@1.
+"""Evaluate a model: perplexity on a dataset, HumanEval pass@1, lm-evaluation-harness tasks.
 
     from sparsellm import evaluate
     result = evaluate("./smollm2-pruned50-quant", datasets="openai_humaneval",
@@ -8,7 +8,9 @@
 
 The model is a path, registry name or an already loaded `Checkpoint` (so compression code can
 evaluate in process). Datasets come from `sparsellm.datasets` (openai_humaneval, python-stdlib,
-.txt/.jsonl/.json files, cached Hugging Face names, or a list of strings / records).
+.txt/.jsonl/.json files, cached Hugging Face names, or a list of strings / records). With
+integration="lm-evaluation-harness", `datasets` names lm-eval tasks (the optional extra
+`pip install "sparsellm[lm-eval]"`; lm-eval is imported only then).
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ from ..models import Checkpoint, load_checkpoint
 from ..progress import progress_bar
 from .humaneval import STOP_SEQUENCES, check_problems, execute_completions, generate_completions
 from .perplexity import perplexity_of, plan_windows, score_token_ids, token_nll
-from .result import EvaluationResult, HumanEvalResult, PerplexityResult
+from .result import EvaluationResult, HarnessResult, HumanEvalResult, PerplexityResult
 from .sandbox import ExecutionResult, run_program, run_programs
 
-INTEGRATIONS = ("perplexity", "humaneval")
+HARNESS = "lm-evaluation-harness"
+INTEGRATIONS = ("perplexity", "humaneval", HARNESS)
 MAX_DEFAULT_SEQUENCE_LENGTH = 2048
 DEFAULT_MAX_GENERATED_TOKENS = 384
 
 __all__ = [
-    "INTEGRATIONS", "EvalSettings", "EvaluationResult", "ExecutionResult", "HumanEvalResult",
+    "HARNESS", "INTEGRATIONS", "EvalSettings", "EvaluationResult", "ExecutionResult",
+    "HarnessResult", "HumanEvalResult",
     "PerplexityResult", "evaluate", "evaluate_humaneval", "evaluate_perplexity", "format_name",
     "perplexity_of", "plan_windows", "run_program", "run_programs", "score_token_ids",
     "token_nll",
@@ -55,9 +59,11 @@ def evaluate(
     num_cores: int | None = None,
     weights: str | None = None,
     progress: bool | None = None,
+    num_fewshot: int | None = None,
+    include_path: str | Path | Sequence[str | Path] | None = None,
 ) -> EvaluationResult:
-    """Evaluate `model` with `integration` ("perplexity" or "humaneval") on `datasets`
-    (default openai_humaneval).
+    """Evaluate `model` with `integration` ("perplexity", "humaneval" or
+    "lm-evaluation-harness") on `datasets` (default openai_humaneval).
 
     perplexity: exact token-weighted perplexity of each sample's text (`text_column_name`: a
     column or list of columns joined in order; default prompt+canonical_solution for HumanEval,
@@ -71,6 +77,11 @@ def evaluate(
     `batch_size` problems generated together, each program run in a sandboxed subprocess killed
     after `timeout` seconds.
 
+    lm-evaluation-harness: lm-eval's tasks named by `datasets` (a name, "a,b" or a list), run
+    by lm-eval on the native engine (loglikelihood, rolling loglikelihood and generate_until
+    requests through the generation core), `num_fewshot` examples, task YAML files from the
+    folders in `include_path` besides lm-eval's own; `limit` documents per task.
+
     `weights` converts every linear weight on load (e.g. "int8_a8") instead of running the
     checkpoint's declared formats. `limit` evaluates the first N samples; `progress` shows a
     progress bar (default: only on a terminal). Bad settings, missing files and unknown columns
@@ -82,6 +93,14 @@ def evaluate(
     _check_positive(limit=limit, sequence_length=sequence_length, stride=stride,
                     batch_size=batch_size, max_generated_tokens=max_generated_tokens,
                     prompt_processing_sequence_length=prompt_processing_sequence_length)
+    if num_fewshot is not None and (not isinstance(num_fewshot, int) or num_fewshot < 0):
+        raise ValueError(f"num_fewshot must be an integer >= 0, got {num_fewshot!r}")
+    if integration == HARNESS:
+        return _evaluate_harness(model, datasets, limit=limit, sequence_length=sequence_length,
+                                 batch_size=batch_size, num_fewshot=num_fewshot,
+                                 include_path=include_path, num_cores=num_cores,
+                                 weights=weights, progress=progress,
+                                 prompt_processing_sequence_length=prompt_processing_sequence_length)
     datasets = "openai_humaneval" if datasets is None else datasets
     records = ds.load_records(datasets, limit=limit, split=split)
     if not records:
@@ -91,21 +110,41 @@ def evaluate(
     else:
         check_problems(records)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-    if sequence_length is None:
-        context = int(checkpoint.args.max_position_embeddings or MAX_DEFAULT_SEQUENCE_LENGTH)
-        sequence_length = min(context, MAX_DEFAULT_SEQUENCE_LENGTH)
-    settings = EvalSettings(
-        model=(str(model) if not isinstance(model, Checkpoint) else str(checkpoint.path)) +
-        (f" [{weights}]" if weights else ""),
-        dataset=_dataset_name(datasets), sequence_length=sequence_length, limit=limit,
-        batch_size=batch_size, prompt_processing_sequence_length=prompt_processing_sequence_length,
-        num_cores=num_cores, weights=weights, progress=progress,
-    )
+    settings = _settings(model, checkpoint, _dataset_name(datasets), limit=limit,
+                         sequence_length=sequence_length, batch_size=batch_size,
+                         prompt_processing_sequence_length=prompt_processing_sequence_length,
+                         num_cores=num_cores, weights=weights, progress=progress)
     if integration == "perplexity":
         return evaluate_perplexity(checkpoint, texts, settings, stride=stride,
                                    columns=ds.text_columns(records, text_column_name))
     return evaluate_humaneval(checkpoint, records, settings,
                               max_generated_tokens=max_generated_tokens, timeout=timeout)
+
+
+def _evaluate_harness(model: str | Path | Checkpoint, tasks: Any, *, limit: int | None,
+                      num_fewshot: int | None, include_path: Any, **engine: Any
+                      ) -> HarnessResult:
+    if tasks is None:
+        raise ValueError("integration 'lm-evaluation-harness' needs lm-eval task names as "
+                         "`datasets` (e.g. \"hellaswag,arc_easy\")")
+    from .harness import evaluate_harness, task_manager, task_names  # imports lm-eval
+
+    names = task_names(tasks)
+    manager = task_manager(names, include_path)
+    checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
+    settings = _settings(model, checkpoint, ",".join(names), limit=limit, **engine)
+    return evaluate_harness(checkpoint, names, settings, manager, num_fewshot=num_fewshot)
+
+
+def _settings(model: str | Path | Checkpoint, checkpoint: Checkpoint, dataset: str, *,
+              sequence_length: int | None, weights: str | None, **kwargs: Any) -> EvalSettings:
+    """The settings with the default sequence_length: the model's context, at most 2048."""
+    if sequence_length is None:
+        context = int(checkpoint.args.max_position_embeddings or MAX_DEFAULT_SEQUENCE_LENGTH)
+        sequence_length = min(context, MAX_DEFAULT_SEQUENCE_LENGTH)
+    label = str(model) if not isinstance(model, Checkpoint) else str(checkpoint.path)
+    return EvalSettings(model=label + (f" [{weights}]" if weights else ""), dataset=dataset,
+                        sequence_length=sequence_length, weights=weights, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -81,3 +81,27 @@ class HumanEvalResult(EvaluationResult):
     def _metric_names(self) -> set[str]:
         return {"pass_at_1", "passed", "failed", "timeouts", "crashed", "stop"}
 
+
+
+@dataclass(kw_only=True)
+class HarnessResult(EvaluationResult):
+    """lm-evaluation-harness tasks: lm-eval's own per-task metrics ("acc,none", its stderr...)."""
+
+    integration: str = "lm-evaluation-harness"
+    tasks: list[str] = field(default_factory=list)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> metric -> value
+    num_fewshot: int | None = None
+    lm_eval_version: str = ""
+
+    def metrics(self) -> list[tuple[str, str, float]]:
+        """(task, metric, value) of every metric but standard errors and sample counts."""
+        return [(task, name.removesuffix(",none"), value)
+                for task, values in self.results.items() for name, value in values.items()
+                if "_stderr" not in name and name != "sample_len" and isinstance(value, int | float)
+                and not isinstance(value, bool)]
+
+    def summary(self) -> str:
+        return ", ".join(f"{task} {name} {value:.4f}" for task, name, value in self.metrics())
+
+    def _metric_names(self) -> set[str]:
+        return {"results", "tasks"}
