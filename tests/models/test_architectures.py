@@ -77,7 +77,9 @@ def test_native_formats_equal_numpy_reference(variant, fmt, tiny_model_dir, toke
     numpy_ = Engine(ck, sequence_length=64, weights=fmt, backend="numpy")
     tokens, lb = greedy(numpy_, ids, 8)
     _, la = greedy(native, ids, 8, forced=tokens)  # int8 activations may flip an argmax
-    tol = 0.05 if fmt.endswith("_a8") else 2e-4  # int8 activations vs the fp32 reference
+    # int8 activations (max / 127.5 per token) vs the fp32 reference: up to ~7% of the logit
+    # range at one position of the tiny phi3; a wrong layout or scale is ~100%
+    tol = 0.1 if fmt.endswith("_a8") else 2e-4
     np.testing.assert_allclose(la, lb, atol=tol * np.abs(lb).max(), rtol=0)
 
 

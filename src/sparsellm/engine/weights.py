@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -37,7 +38,7 @@ def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[s
     declared_formats = _declared(checkpoint)
     for name in names:
         declared = declared_formats.get(name)
-        formats[name] = declared.name if declared else \
+        formats[name] = runnable(declared).name if declared else \
             float_format(checkpoint.stored_dtype(_stored_as(checkpoint, name)))
         parse_format(formats[name])  # an unsupported declared format fails here, by name
     return formats
@@ -77,24 +78,24 @@ def _stored_as(checkpoint: Checkpoint, name: str) -> str:
 
 def _declared(checkpoint: Checkpoint) -> dict[str, WeightFormat]:
     declared = dict(checkpoint.weight_formats)
-    if "lm_head.weight" not in checkpoint.tensors:
-        head = tied_head_format(checkpoint)
-        if head is not None:
-            declared["lm_head.weight"] = head
+    emb = checkpoint.weight_formats.get(EMBEDDING)
+    if "lm_head.weight" not in checkpoint.tensors and emb is not None and emb.bits < 32:
+        # A tied lm_head runs in the embedding table's integer format (a float table's head
+        # runs in the table's own float format, sharing its memory).
+        declared["lm_head.weight"] = WeightFormat(bits=emb.bits, group_size=emb.group_size,
+                                                  symmetric=emb.symmetric)
     return declared
 
 
-def tied_head_format(checkpoint: Checkpoint) -> WeightFormat | None:
-    """The format a tied lm_head runs in: the embedding table's declared weight format, with
-    8-bit zero points dropped (the int8 kernels are symmetric; such a table is requantized
-    symmetrically, within one quantization step of the stored values); None for a float table
-    (the head then runs in the table's own float format, sharing its memory)."""
-    emb = checkpoint.weight_formats.get(EMBEDDING)
-    if emb is None or emb.bits == 32:
-        return None
-    if emb.bits == 8:
-        return WeightFormat(bits=8)
-    return WeightFormat(bits=emb.bits, group_size=emb.group_size or 32, symmetric=emb.symmetric)
+def runnable(fmt: WeightFormat) -> WeightFormat:
+    """The nearest format the kernels run: int8 with zero points is requantized symmetrically
+    (the int8 kernels are symmetric; within one quantization step of the stored values), and
+    int4 per channel is run in groups of 32."""
+    if fmt.bits == 8 and not fmt.symmetric:
+        fmt = replace(fmt, symmetric=True)
+    if fmt.bits == 4 and not fmt.group_size:
+        fmt = replace(fmt, group_size=32)
+    return fmt
 
 
 def reference_tensors(

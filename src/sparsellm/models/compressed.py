@@ -186,6 +186,7 @@ def decode_compressed_tensors(
     """
     quant, sparsity = compression_configs(config)
     notes: list[str] = []
+    measured: dict[str, float] = {}  # densely stored weights found sparse: {name: zero share}
     qformat = (quant or {}).get("format") or "dense"
     sformat = (sparsity or {}).get("format") or "dense"
     if sparsity and sformat not in SUPPORTED_SPARSITY_FORMATS:
@@ -239,8 +240,7 @@ def decode_compressed_tensors(
             consumed.discard(name)
             continue
         if qt.mask is not None and name not in bitmasked:
-            notes.append(f"{module}: sparsity {1 - qt.mask.mean():.1%} measured "
-                         f"({qt.format.sparsity}), stored densely")
+            measured[name] = 1 - float(qt.mask.mean())
         formats[name] = qt.format
         quantized[name] = load
         tensors[name] = lambda load=load: load().dequantize()
@@ -256,9 +256,13 @@ def decode_compressed_tensors(
             found = measured_structure(arr == 0) if arr.ndim == 2 else None
             if found:
                 formats[name] = WeightFormat(sparsity=found)
-                notes.append(f"{name}: sparsity {(arr == 0).mean():.1%} measured ({found}), "
-                             "stored densely")
+                measured[name] = float((arr == 0).mean())
         tensors[name] = lambda name=name: _float32(stored(name)[0])
+    if measured:
+        structures = sorted({formats[n].sparsity or "" for n in measured})
+        notes.append(f"{len(measured)} weights stored densely are {min(measured.values()):.1%}"
+                     f"-{max(measured.values()):.1%} zeros ({', '.join(structures)}): run as "
+                     "sparse")
     return LazyTensors(tensors), formats, LazyTensors(quantized), notes
 
 
