@@ -314,12 +314,20 @@ def _completion_logprobs(tok: Any, entries: list[LogprobEntry], start: int
         text = _token_text(tok, token_id)
         tokens.append(text)
         lps.append(None if lp is None else finite(lp))
-        tops.append(None if top is None else
-                    {_token_text(tok, t): finite(v) for t, v in top.items()})
+        tops.append(None if top is None else _top_by_text(tok, top))
         offsets.append(offset)
         offset += len(text)
     return CompletionLogprobs(tokens=tokens, token_logprobs=lps, top_logprobs=tops,
                               text_offset=offsets)
+
+
+def _top_by_text(tok: Any, top: dict[int, float]) -> dict[str, float]:
+    """OpenAI's legacy top_logprobs are keyed by text: of two tokens with the same text (two
+    byte tokens of one character), the more likely one is kept (`top` is best first)."""
+    out: dict[str, float] = {}
+    for t, v in top.items():
+        out.setdefault(_token_text(tok, t), finite(v))
+    return out
 
 
 def _join_logprobs(first: CompletionLogprobs | None, second: CompletionLogprobs
