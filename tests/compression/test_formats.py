@@ -219,6 +219,41 @@ def test_reads_int_quantized_w8a8_written_by_compressed_tensors(tiny_model, tmp_
         assert loaded.weight_formats[name] == WeightFormat(bits=8, activation_bits=8)
 
 
+@pytest.mark.parametrize("strategy", ["group", "tensor"])
+def test_reads_int8_group_and_tensor_scales_written_by_compressed_tensors(tiny_model, tmp_path,
+                                                                         strategy):
+    """int8 with one scale per group of 32 columns or per tensor: the exact values are read,
+    and the engine runs them in its per-channel int8 kernels (group scales requantized)."""
+    from compressed_tensors.compressors import IntQuantizationCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+    )
+
+    from sparsellm.engine import Engine
+    from sparsellm.kernels.reference import dequantize
+
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+        num_bits=8, type="int", symmetric=True, strategy=strategy,
+        group_size=32 if strategy == "group" else None))
+    ckpt = load_checkpoint(tiny_model)
+    tensors, expected = _reference_compressed(ckpt, scheme, IntQuantizationCompressor)
+    config = QuantizationConfig(config_groups={"group_0": scheme}, format="int-quantized",
+                                quantization_status="compressed", ignore=["lm_head"])
+    _write_folder(tmp_path / "m", tiny_model,
+                  {"quantization_config": config.model_dump(exclude_none=True)}, tensors)
+    loaded = load_checkpoint(tmp_path / "m")
+    for name, w in expected.items():
+        np.testing.assert_allclose(loaded.tensors[name], w, rtol=1e-6, atol=0, err_msg=name)
+    engine = Engine(loaded, sequence_length=32, weights_cache=False)
+    for name, w in expected.items():  # per channel, within half a step of the stored values
+        packed = engine.model.packed[name]
+        assert packed.format == "int8"
+        step = packed.arrays["scale"][:, None]
+        assert (np.abs(dequantize(packed)[:, :w.shape[1]] - w) <= 0.5001 * step).all(), name
+
+
 def test_reads_dense_stored_sparse_and_int8(tiny_model, tmp_path):
     ckpt = load_checkpoint(tiny_model)
     tensors = dict(ckpt.tensors)

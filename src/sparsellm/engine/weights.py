@@ -88,11 +88,11 @@ def _declared(checkpoint: Checkpoint) -> dict[str, WeightFormat]:
 
 
 def runnable(fmt: WeightFormat) -> WeightFormat:
-    """The nearest format the kernels run: int8 with zero points is requantized symmetrically
-    (the int8 kernels are symmetric; within one quantization step of the stored values), and
-    int4 per channel is run in groups of 32."""
-    if fmt.bits == 8 and not fmt.symmetric:
-        fmt = replace(fmt, symmetric=True)
+    """The nearest format the kernels run: int8 with zero points or group scales is requantized
+    symmetrically per channel (the int8 kernels have one scale per row; within one quantization
+    step of the stored values), and int4 per channel is run in groups of 32."""
+    if fmt.bits == 8 and (not fmt.symmetric or fmt.group_size):
+        fmt = replace(fmt, symmetric=True, group_size=None)
     if fmt.bits == 4 and not fmt.group_size:
         fmt = replace(fmt, group_size=32)
     return fmt
