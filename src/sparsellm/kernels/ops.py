@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.decoder import ACTIVATIONS
+from ..functional import ACTIVATIONS
 from ._ext import native
 from .formats import KV_SCALE_BYTES, PackedWeight
 
@@ -46,7 +46,7 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
 
 
 def activation(x: np.ndarray, name: str) -> np.ndarray:
-    """An MLP activation (sparsellm.models.decoder.ACTIVATIONS: silu, gelu_tanh, gelu, relu)."""
+    """An MLP activation (sparsellm.functional.ACTIVATIONS: silu, gelu_tanh, gelu, relu)."""
     out = np.array(x, dtype=np.float32, order="C", copy=True)
     native().activation_(out, ACTIVATIONS.index(name))
     return out

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .. import functional as F
 from ..dtypes import as_float32
-from ..models import decoder
 from .formats import _SLOT_CHUNK, KV_SCALE_BYTES, PackedWeight, _unpack_row_blocks
 
 
@@ -152,26 +152,26 @@ def linear(x: np.ndarray, p: PackedWeight) -> np.ndarray:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    return decoder.rms_norm(x.astype(np.float64), weight, eps).astype(np.float32)
+    return F.rms_norm(x.astype(np.float64), weight, eps).astype(np.float32)
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
                eps: float) -> np.ndarray:
-    return decoder.layer_norm(x.astype(np.float64), weight, bias, eps).astype(np.float32)
+    return F.layer_norm(x.astype(np.float64), weight, bias, eps).astype(np.float32)
 
 
 def activation(x: np.ndarray, name: str) -> np.ndarray:
-    return decoder.ACTIVATION_FNS[name](x.astype(np.float64)).astype(np.float32)
+    return F.ACTIVATION_FNS[name](x.astype(np.float64)).astype(np.float32)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
     """Half-split RoPE on the first 2 * len(inv_freq) dims of each head. x: (T, heads, hd)."""
     ang = positions.astype(np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]
-    return decoder.apply_rope(x, np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
+    return F.apply_rope(x, np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
 
 
 def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
-    return (decoder.silu(g.astype(np.float64)) * u).astype(np.float32)
+    return (F.silu(g.astype(np.float64)) * u).astype(np.float32)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
