@@ -147,6 +147,26 @@ def build_tiny_model(folder: Path, variant: str, tokenizer_folder: Path, vocab_s
         shutil.copy(f, folder / f.name)
 
 
+ISAS = ["scalar", "avx2", "avx512"]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Run a test on the portable scalar path, the AVX2 path and the AVX-512 path (W8A8 and
+    sparse int4 kernels; skipped on CPUs without it). Used by tests/kernels and by the native
+    forward's tests in tests/engine."""
+    from sparsellm import kernels
+    from sparsellm.kernels._ext import native
+
+    if request.param == "avx2" and not native().cpu_supports_avx2():
+        pytest.skip("CPU without AVX2/FMA")
+    if request.param == "avx512" and not native().cpu_supports_avx512():
+        pytest.skip("CPU without AVX512 F/BW/VL/VNNI/VBMI2")
+    kernels.set_isa(request.param)
+    yield request.param
+    kernels.set_isa("auto")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def weights_cache_dir(tmp_path_factory: pytest.TempPathFactory):
     """Converted weights are cached in a folder of this session (also for the CLI and server

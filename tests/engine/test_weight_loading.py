@@ -156,7 +156,7 @@ def test_model_too_large_is_a_clear_error_before_packing(bf16_model, monkeypatch
     need = Engine(ck, sequence_length=64, weights_cache=False).weight_bytes_per_step
     monkeypatch.setattr(memory_check, "available_memory", lambda: need // 2)
     packed = []
-    monkeypatch.setattr("sparsellm.kernels.native_model.pack",
+    monkeypatch.setattr("sparsellm.engine.native_model.pack",
                         lambda *a, **k: packed.append(1))  # must not be reached
     with pytest.raises(ModelTooLargeError, match=rf"^{bf16_model}: this model needs about "
                        r"[\d.]+ GB of memory .* as bf16, .* Use a smaller weight format "

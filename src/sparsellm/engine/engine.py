@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from ..kernels import get_num_threads, set_num_threads
-from ..kernels.native_model import NativeDecoderModel
 from ..models import Checkpoint, load_checkpoint
 from ..progress import progress_bar
 from .kv_cache import KVCache
 from .memory_check import check_fits
+from .native_model import NativeDecoderModel
 from .weight_cache import WeightCache, cache_dir_of
 from .weights import declared_packed, native_sources, reference_tensors, weight_formats
 

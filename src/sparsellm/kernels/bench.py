@@ -9,6 +9,7 @@ estimates the per-token time of all 135M-model linear layers (30 layers + lm_hea
 format -- the number that decides decode tokens/s -- and its bandwidth as a percentage of a
 plain streaming read measured in the same run (%ceil). "hot GB/s" runs 576x576 from cache: the
 kernel's compute ceiling; a format is memory-bound when hot GB/s * threads > DRAM bandwidth.
+The whole native model at the same shape: `python -m sparsellm.engine.bench`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from . import get_num_threads, pack, set_isa, set_num_threads
 from ._ext import native
-from .formats import FORMATS, dense_twin, parse_format
+from .formats import FORMATS, parse_format
 
 # SmolLM2-135M: (out, in) of q/o, k/v, gate/up, down, lm_head; and how often each runs per token
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -74,9 +75,6 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"comma list from: {', '.join(FORMATS)}")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--isa", default="auto", choices=["auto", "avx512", "avx2", "scalar"])
-    ap.add_argument("--model", action="store_true",
-                    help="also time decode/prefill of a random 135M-shaped native model")
-    ap.add_argument("--gemv", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--tokens", default="",
                     help="comma list of T: time one model step's linear layers for T tokens on "
                          "the multi-token GEMV path vs the decoded-panel GEMM path")
@@ -93,10 +91,6 @@ def main(argv: list[str] | None = None) -> None:
           "sparse = 50% unstructured, 2:4 = 50%")
     for nt in (int(t) for t in args.threads.split(",")):
         set_num_threads(nt)
-        if not args.gemv:
-            print(f"\nthreads={nt}")
-            main_model(args.formats.split(","))
-            continue
         ceiling = native().read_bandwidth(256 << 20)
         print(f"\nthreads={nt}: plain streaming read {ceiling:.1f} GB/s (same run)")
         print(f"{'format':<16}" + "".join(f"{s:>11}" for s in shape_names) +
@@ -112,8 +106,6 @@ def main(argv: list[str] | None = None) -> None:
             dt, nbytes = bench_gemv(fmt, (576, 576), hot=True)
             print(f"{fmt:<16}" + "".join(cells) + f"{total_b / 1e6:10.1f}{total_s * 1e3:10.2f}"
                   f"{pct:7.0f}{nbytes / dt / 1e9:10.1f}", flush=True)
-        if args.model:
-            main_model(args.formats.split(","))
     set_num_threads(saved)
 
 
@@ -140,60 +132,6 @@ def compare_paths(formats: list[str], tokens: list[int], threads: int) -> None:
             print(f"{fmt:<16}" + "".join(f"{c:>20}" for c in cells), flush=True)
     finally:
         native().set_gemv_max_tokens(0)
-
-
-def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, float, int]:
-    """Random SmolLM2-135M-shaped NativeDecoderModel in one format (lm_head: the dense twin of
-    the format): (decode tokens/s, prefill tokens/s, packed weight bytes)."""
-    from ..models.decoder import ModelArgs, layer_weight_names, linear_weight_names
-    from .native_model import NativeDecoderModel
-
-    args = ModelArgs(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                     num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                     tie_word_embeddings=True, rope_theta=100000.0)
-    rng = np.random.default_rng(0)
-    tensors = {"model.embed_tokens.weight": rng.standard_normal((49152, 576), np.float32) * .02,
-               "model.norm.weight": np.ones(576, np.float32)}
-    masks = {}
-    for i in range(args.num_hidden_layers):
-        for name in layer_weight_names(args, i):
-            if name.endswith("layernorm.weight"):
-                tensors[name] = np.ones(576, np.float32)
-                continue
-            rows = {"q_": 576, "k_": 192, "v_": 192, "o_": 576, "ga": 1536, "up": 1536,
-                    "do": 576}[name.split(".")[-2][:2]]
-            cols = 1536 if "down" in name else 576
-            tensors[name] = rng.standard_normal((rows, cols), np.float32) * .05
-            p = make_weight(rng, (rows, cols), fmt)  # for the mask only
-            if p.spec.kind.startswith(("sparse", "2:4")):
-                from .reference import dequantize
-                masks[name] = dequantize(p) != 0
-    formats = dict.fromkeys(linear_weight_names(args), fmt)
-    formats["lm_head.weight"] = dense_twin(fmt)
-    model = NativeDecoderModel(args, tensors, formats, masks=masks, max_tokens=prompt)
-    cache = (1, 1, 3, prompt + steps + 1, 64)
-    k, v = np.zeros((30, *cache[1:]), np.float32), np.zeros((30, *cache[1:]), np.float32)
-    tokens = rng.integers(0, 49152, prompt)
-    zeros = np.zeros(prompt, np.int64)
-    t0 = time.perf_counter()
-    model.forward(tokens, zeros, np.arange(prompt), k, v, np.array([prompt - 1]))
-    prefill = prompt / (time.perf_counter() - t0)
-    one = np.zeros(1, np.int64)
-    t0 = time.perf_counter()
-    for s in range(steps):
-        model.forward(tokens[s:s + 1], one, np.array([prompt + s]), k, v, one)
-    decode = steps / (time.perf_counter() - t0)
-    return decode, prefill, model.weight_bytes
-
-
-def main_model(formats: list[str]) -> None:
-    print("\nRandom SmolLM2-135M-shaped model, NativeDecoderModel (lm_head in the dense twin "
-          "format), prompt 128, 32 decode steps")
-    print(f"{'format':<16}{'MB':>8}{'decode tok/s':>14}{'GB/s':>8}{'prefill tok/s':>15}")
-    for fmt in formats:
-        decode, prefill, nbytes = bench_model(fmt)
-        print(f"{fmt:<16}{nbytes / 1e6:8.1f}{decode:14.1f}{decode * nbytes / 1e9:8.1f}"
-              f"{prefill:15.1f}", flush=True)
 
 
 if __name__ == "__main__":

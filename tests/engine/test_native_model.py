@@ -4,8 +4,8 @@ decoder spec (Llama; LayerNorm + parallel residual + plain GELU MLP; learned pos
 import numpy as np
 import pytest
 
+from sparsellm.engine.native_model import NativeDecoderModel
 from sparsellm.kernels.formats import parse_format
-from sparsellm.kernels.native_model import NativeDecoderModel
 from sparsellm.models.decoder import (
     DecoderModel,
     ModelArgs,

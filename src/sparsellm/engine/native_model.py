@@ -19,13 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..kernels import reference
+from ..kernels._ext import native
+from ..kernels.formats import PackedWeight, float_format, pack
+from ..kernels.memory import gather, release_freed_heap
+from ..kernels.ops import get_num_threads
 from ..models.decoder import ACTIVATIONS, EMBEDDING, RESIDUALS, ModelArgs, linear_weight_names
 from ..models.rope import rope_inv_freq
-from . import reference
-from ._ext import native
-from .formats import PackedWeight, float_format, pack
-from .memory import gather, release_freed_heap
-from .ops import get_num_threads
 
 # C++ layer-dict key -> canonical name suffix inside "model.layers.{i}."
 _LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
