@@ -85,7 +85,7 @@ def compress(
     """
     from ..atomic import check_output_dir
     from ..datasets import load_texts
-    from ..models.checkpoint import load_checkpoint
+    from ..models import load_checkpoint
     from .calibration import SequentialCompressor, calibration_samples
     from .save import check_sparsity_format, encode_tensors, save_compressed
 
