@@ -137,34 +137,21 @@ const float* arr_of(py::object o, int64_t n, const char* name, py::list& keep) {
   return ptr_of<float>(a, name);
 }
 
-// config: the decoder spec (see model.h ModelConfig); layers: one dict per layer of packed
-// weights ("q", "k", "v", "o", "gate" (gated MLPs), "up", "down") and fp32 vectors (norms and
-// biases, None when absent).
-PyModel make_model(const py::dict& cfg, const py::list& layers, py::object embed,
+// config: the decoder spec (model.h ModelConfig, bound below as _native.ModelConfig); layers:
+// one dict per layer of packed weights ("q", "k", "v", "o", "gate" (gated MLPs), "up", "down")
+// and fp32 vectors (norms and biases, None when absent).
+PyModel make_model(const ModelConfig& cfg, const py::list& layers, py::object embed,
                    py::object pos_embed, py::array final_norm, py::object final_norm_b,
                    py::object lm_head, py::object lm_head_b) {
-  ModelConfig c;
-  c.hidden = cfg["hidden"].cast<int64_t>();
-  c.intermediate = cfg["intermediate"].cast<int64_t>();
-  c.heads = cfg["heads"].cast<int64_t>();
-  c.kv_heads = cfg["kv_heads"].cast<int64_t>();
-  c.head_dim = cfg["head_dim"].cast<int64_t>();
-  c.vocab = cfg["vocab"].cast<int64_t>();
-  c.eps = cfg["eps"].cast<float>();
-  c.sliding_window = cfg["sliding_window"].cast<int64_t>();
-  c.max_tokens = cfg["max_tokens"].cast<int64_t>();
-  c.rotary_dim = cfg["rotary_dim"].cast<int64_t>();
-  c.inv_freq = cfg["inv_freq"].cast<std::vector<double>>();
-  c.layer_norm = cfg["layer_norm"].cast<bool>();
-  const int residual = cfg["residual"].cast<int>(), act = cfg["act"].cast<int>();
-  if (residual < 0 || residual > 2) throw std::invalid_argument("residual must be 0, 1 or 2");
-  if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
-  c.residual = Residual(residual);
-  c.act = Activation(act);
-  c.gated = cfg["gated"].cast<bool>();
-  c.max_positions = cfg["max_positions"].cast<int64_t>();
-  c.qk_norm = cfg["qk_norm"].cast<bool>();
-  c.layers = int64_t(layers.size());
+  ModelConfig c = cfg;
+  if (c.layers != int64_t(layers.size()))
+    throw std::invalid_argument("config.layers must equal the number of layer dicts");
+  if (c.hidden <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.head_dim <= 0 || c.vocab <= 0 ||
+      c.max_tokens <= 0)
+    throw std::invalid_argument("config: hidden, heads, kv_heads, head_dim, vocab and "
+                                "max_tokens must be positive");
+  if (int64_t(c.inv_freq.size()) * 2 != c.rotary_dim)
+    throw std::invalid_argument("config: inv_freq must have rotary_dim / 2 entries");
   PyModel pm;
   const int64_t D = c.hidden, I = c.intermediate, qd = c.heads * c.head_dim,
                 kvd = c.kv_heads * c.head_dim;
@@ -314,10 +301,46 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("nbytes"), py::arg("reps") = 5, "GB/s of a plain streaming read of nbytes");
 
+  // The decoder spec's vocabulary, named as Python's ModelArgs spells it (models/decoder.py
+  // RESIDUALS, sparsellm.functional.ACTIVATIONS); the ids stay on this side.
+  py::enum_<Residual>(m, "Residual")
+      .value("sequential", Residual::Sequential)
+      .value("parallel", Residual::Parallel)
+      .value("parallel_two_norms", Residual::ParallelTwoNorms);
+  py::enum_<Activation>(m, "Activation")
+      .value("silu", Activation::Silu)
+      .value("gelu_tanh", Activation::GeluTanh)
+      .value("gelu", Activation::Gelu)
+      .value("relu", Activation::Relu);
+
+  py::class_<ModelConfig>(m, "ModelConfig", "The decoder spec the native forward runs (model.h)")
+      .def(py::init<>())
+      .def_readwrite("hidden", &ModelConfig::hidden)
+      .def_readwrite("intermediate", &ModelConfig::intermediate)
+      .def_readwrite("layers", &ModelConfig::layers)
+      .def_readwrite("heads", &ModelConfig::heads)
+      .def_readwrite("kv_heads", &ModelConfig::kv_heads)
+      .def_readwrite("head_dim", &ModelConfig::head_dim)
+      .def_readwrite("vocab", &ModelConfig::vocab)
+      .def_readwrite("eps", &ModelConfig::eps)
+      .def_readwrite("sliding_window", &ModelConfig::sliding_window)
+      .def_readwrite("max_tokens", &ModelConfig::max_tokens)
+      .def_readwrite("rotary_dim", &ModelConfig::rotary_dim)
+      .def_readwrite("inv_freq", &ModelConfig::inv_freq)
+      .def_readwrite("layer_norm", &ModelConfig::layer_norm)
+      .def_readwrite("residual", &ModelConfig::residual)
+      .def_readwrite("gated", &ModelConfig::gated)
+      .def_readwrite("act", &ModelConfig::act)
+      .def_readwrite("max_positions", &ModelConfig::max_positions)
+      .def_readwrite("qk_norm", &ModelConfig::qk_norm);
+
   py::class_<PyModel>(m, "NativeModel")
       .def(py::init(&make_model), py::arg("config"), py::arg("layers"), py::arg("embed"),
            py::arg("pos_embed"), py::arg("final_norm"), py::arg("final_norm_b"),
            py::arg("lm_head"), py::arg("lm_head_b"))
+      .def_property_readonly(
+          "config", [](const PyModel& pm) { return pm.model->config(); },
+          "A copy of the spec the model was built with")
       .def(
           "forward",
           [](PyModel& pm, const std::vector<int64_t>& tokens, const std::vector<int64_t>& slots,
@@ -394,14 +417,13 @@ PYBIND11_MODULE(_native, m) {
 
   m.def(
       "activation_",
-      [](py::array x, int act) {
-        if (act < 0 || act > 3) throw std::invalid_argument("activation_: act must be 0..3");
+      [](py::array x, Activation act) {
         float* xp = ptr_of<float>(x, "x");
         const int64_t n = x.size();
         py::gil_scoped_release nogil;
-        activation(xp, n, Activation(act));
+        activation(xp, n, act);
       },
-      py::arg("x"), py::arg("act"), "In place: 0 silu, 1 gelu (tanh), 2 gelu (erf), 3 relu");
+      py::arg("x"), py::arg("act"), "In place: an Activation (silu, gelu_tanh, gelu (erf), relu)");
 
   m.def(
       "swiglu",

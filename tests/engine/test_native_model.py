@@ -230,6 +230,30 @@ def test_bad_calls_raise():
         NativeDecoderModel(args, tensors, {"model.layers.9.mlp.up_proj.weight": "int8"})
 
 
+def test_config_crosses_as_the_typed_struct():
+    """The spec reaches C++ as _native.ModelConfig, its vocabulary named as ModelArgs spells it;
+    make_model refuses a config that disagrees with its weights."""
+    from sparsellm.functional import ACTIVATIONS
+    from sparsellm.kernels._ext import native
+    from sparsellm.models.decoder import RESIDUALS
+
+    assert list(native().Activation.__members__) == list(ACTIVATIONS)
+    assert list(native().Residual.__members__) == list(RESIDUALS)
+    rng = np.random.default_rng(6)
+    args, tensors = tiny_model(rng, **SPECS["gpt_neox"])
+    model = NativeDecoderModel(args, tensors, "fp32", max_tokens=8)
+    config = model._model.config
+    assert (config.layers, config.heads, config.rotary_dim, config.max_tokens) == (2, 4, 4, 8)
+    assert config.residual == native().Residual.parallel_two_norms
+    assert config.act == native().Activation.gelu and not config.gated and config.layer_norm
+    assert len(config.inv_freq) == 2
+    config.layers = 3
+    with pytest.raises(ValueError, match="number of layer dicts"):
+        native().NativeModel(config, [], None, None, np.ones(64, np.float32), None, None, None)
+    with pytest.raises(TypeError):
+        config.act = "gelu"  # only the enum
+
+
 @pytest.mark.parametrize("fmt", ["int8_a8", "sparse_int8", "int4_g64"])
 def test_wider_model_on_two_threads(isa, fmt):
     # Wide enough that projections and attention run in parallel regions.

@@ -24,7 +24,7 @@ from ..kernels._ext import native
 from ..kernels.formats import PackedWeight, float_format, pack
 from ..kernels.memory import gather, release_freed_heap
 from ..kernels.ops import get_num_threads
-from ..models.decoder import ACTIVATIONS, EMBEDDING, RESIDUALS, ModelArgs, linear_weight_names
+from ..models.decoder import EMBEDDING, ModelArgs, linear_weight_names
 from ..models.rope import rope_inv_freq
 
 # C++ layer-dict key -> canonical name suffix inside "model.layers.{i}."
@@ -126,18 +126,22 @@ class NativeDecoderModel:
         inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
                                  tensors.get("rope_freqs.weight"))
         pos_embed = vec("model.embed_positions.weight") if args.learned_positions else None
-        config = {
-            "hidden": args.hidden_size, "intermediate": args.intermediate_size,
-            "heads": args.num_attention_heads, "kv_heads": args.num_key_value_heads,
-            "head_dim": args.head_dim, "vocab": args.vocab_size, "eps": float(args.norm_eps),
-            "sliding_window": int(args.sliding_window or 0), "max_tokens": self.max_tokens,
-            "rotary_dim": args.rotary_dim,
-            "inv_freq": [float(f) for f in np.asarray(inv_freq, dtype=np.float64)],
-            "layer_norm": args.norm == "layer", "residual": RESIDUALS.index(args.residual),
-            "gated": args.mlp == "gated", "act": ACTIVATIONS.index(args.activation),
-            "max_positions": 0 if pos_embed is None else pos_embed.shape[0],
-            "qk_norm": args.qk_norm,
-        }
+        config = native().ModelConfig()  # the spec as the typed C++ struct (csrc/model.h)
+        config.hidden, config.intermediate = args.hidden_size, args.intermediate_size
+        config.layers = args.num_hidden_layers
+        config.heads, config.kv_heads = args.num_attention_heads, args.num_key_value_heads
+        config.head_dim, config.vocab = args.head_dim, args.vocab_size
+        config.eps = float(args.norm_eps)
+        config.sliding_window = int(args.sliding_window or 0)
+        config.max_tokens = self.max_tokens
+        config.rotary_dim = args.rotary_dim
+        config.inv_freq = [float(f) for f in np.asarray(inv_freq, dtype=np.float64)]
+        config.layer_norm = args.norm == "layer"
+        config.residual = native().Residual.__members__[args.residual]
+        config.gated = args.mlp == "gated"
+        config.act = native().Activation.__members__[args.activation]
+        config.max_positions = 0 if pos_embed is None else pos_embed.shape[0]
+        config.qk_norm = args.qk_norm
         self._tensors = tensors
         self._model = native().NativeModel(
             config, layers, embed.native(), pos_embed, vec("model.norm.weight"),

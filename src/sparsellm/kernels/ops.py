@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..functional import ACTIVATIONS
 from ._ext import native
 from .formats import KV_SCALE_BYTES, PackedWeight
 
@@ -46,9 +45,12 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
 
 
 def activation(x: np.ndarray, name: str) -> np.ndarray:
-    """An MLP activation (sparsellm.functional.ACTIVATIONS: silu, gelu_tanh, gelu, relu)."""
+    """An MLP activation by name (silu, gelu_tanh, gelu, relu: the extension's `Activation`)."""
+    kinds = native().Activation.__members__
+    if name not in kinds:
+        raise ValueError(f"unknown activation {name!r}; accepted: {', '.join(kinds)}")
     out = np.array(x, dtype=np.float32, order="C", copy=True)
-    native().activation_(out, ACTIVATIONS.index(name))
+    native().activation_(out, kinds[name])
     return out
 
 
