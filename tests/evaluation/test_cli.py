@@ -75,4 +75,5 @@ def test_bad_input_in_a_subprocess(tmp_path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "sparsellm eval: error: unknown integration 'bleu'; accepted: perplexity, humaneval"]
+        "sparsellm eval: error: unknown integration 'bleu'; accepted: perplexity, humaneval, "
+        "lm-evaluation-harness"]
