@@ -9,9 +9,11 @@ from scipy import stats
 from sparsellm import Pipeline
 from sparsellm.engine import Engine
 from sparsellm.generation import BatchGenerator, GenerationConfig, GenerationRequest
+from sparsellm.generation.drafters import Drafter, Proposal
 from sparsellm.generation.sampling import make_distribution
 from sparsellm.generation.speculative import (
     SpeculationStats,
+    Speculator,
     accept_draft,
     check_compatible_vocab,
 )
@@ -81,6 +83,45 @@ def _run(checkpoint, prompts, config, draft=None, k=4, batch=4, weights=None, ad
                          adaptive_speculation=adaptive)
     reqs = [GenerationRequest(checkpoint.tokenizer.encode(p), config) for p in prompts]
     return gen.run(reqs), gen.speculation
+
+
+class _RepeatDrafter(Drafter):
+    """A deterministic drafting method (one-hot distributions, like prompt lookup would give):
+    k copies of the last token."""
+
+    def __init__(self, vocab: int):
+        self.eye = np.eye(vocab)
+        self.live: set = set()
+        self.kept: list[int] = []
+
+    def start(self, key, prompt_ids):
+        self.live.add(key)
+
+    def propose(self, requests):
+        return [Proposal([r.next_token] * r.k, [self.eye[r.next_token]] * r.k) for r in requests]
+
+    def accepted(self, key, n):
+        self.kept.append(n)
+
+    def release(self, key):
+        self.live.remove(key)
+
+
+def test_a_drafting_method_is_one_small_class(main_and_draft):
+    """Any Drafter plugs into the generator through a Speculator; greedy output stays plain's."""
+    main, _ = main_and_draft
+    config = GenerationConfig(max_generated_tokens=48, force_max_tokens=True)
+    plain, _ = _run(main, PROMPTS[:6], config)
+    engine = Engine(main, sequence_length=256, max_sequences=4)
+    drafter = _RepeatDrafter(engine.vocab_size)
+    gen = BatchGenerator(engine, main.tokenizer, main.eos_token_ids,
+                         speculator=Speculator(drafter, num_speculative_tokens=3))
+    reqs = gen.run([GenerationRequest(main.tokenizer.encode(p), config) for p in PROMPTS[:6]])
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+    assert drafter.live == set()  # every sequence released
+    assert gen.speculation.proposed > 0 and sum(drafter.kept) == gen.speculation.accepted
+    with pytest.raises(ValueError, match="not both"):
+        BatchGenerator(engine, main.tokenizer, draft=engine, speculator=gen.speculator)
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])

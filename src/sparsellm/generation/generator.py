@@ -17,8 +17,9 @@ import numpy as np
 
 from ..engine import ContextLengthError, Engine
 from .config import GenerationConfig
+from .drafters import DraftModel
 from .sampling import Sampler, log_softmax
-from .speculative import SpeculationStats, accept_draft, check_compatible_vocab
+from .speculative import SpeculationStats, SpeculativeSequence, Speculator
 from .text import IncrementalDetokenizer, StopStrings
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CAPACITY, FINISH_CANCELLED = "stop", "length", "capacity", \
@@ -78,9 +79,6 @@ class _Live:
         self.stops = StopStrings(request.config.stop)
         self.pending = ""  # decoded text not yet released (could begin a stop string)
         self.next_token: int | None = None  # sampled, not yet fed to the engine
-        self.draft_slot: int | None = None  # the sequence's slot in the draft engine
-        self.draft_behind: list[int] = []  # accepted tokens the draft has not been fed yet
-        self.draft_k = 0  # tokens to draft next step (changes with adaptive speculation)
         self.history = list(request.prompt_ids)  # prompt + output, for repetition penalty
 
 
@@ -88,33 +86,37 @@ class BatchGenerator:
     """Drives an `Engine` over many concurrent sequences.
 
     With a `draft` engine (same vocabulary, its own KV cache with as many slots), each decode
-    step is speculative: the draft proposes `num_speculative_tokens` tokens per sequence and the
-    main model verifies them all in one batched step. `adaptive_speculation` makes
-    `num_speculative_tokens` a maximum: each sequence drafts one token fewer after a step with a
-    rejection (down to 1) and one more after a step that accepted everything.
+    step is speculative (speculative.py `Speculator` over drafters.py `DraftModel`): the draft
+    proposes `num_speculative_tokens` tokens per sequence and the main model verifies them all in
+    one batched step. `adaptive_speculation` makes `num_speculative_tokens` a maximum: each
+    sequence drafts one token fewer after a step with a rejection (down to 1) and one more after
+    a step that accepted everything. Another drafting method comes as a `speculator`.
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, eos_token_ids: Sequence[int] = (),
                  draft: Engine | None = None, num_speculative_tokens: int = 4,
-                 adaptive_speculation: bool = False):
+                 adaptive_speculation: bool = False, speculator: Speculator | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[GenerationRequest] = deque()
         self.active: dict[GenerationRequest, _Live] = {}
-        self.draft = draft
-        self.num_speculative_tokens = num_speculative_tokens
-        self.adaptive_speculation = adaptive_speculation
-        self.speculation = SpeculationStats()
         if draft is not None:
-            check_compatible_vocab(tokenizer, draft.checkpoint.tokenizer)
-            if num_speculative_tokens < 1:
-                raise ValueError(f"num_speculative_tokens must be >= 1, got "
-                                 f"{num_speculative_tokens}")
-            if draft.max_sequences < engine.max_sequences or \
-                    draft.sequence_length < engine.sequence_length:
-                raise ValueError("the draft engine needs at least the main engine's "
-                                 "max_sequences and sequence_length")
+            if speculator is not None:
+                raise ValueError("give a draft engine or a speculator, not both")
+            speculator = Speculator(DraftModel(draft, engine, tokenizer),
+                                    num_speculative_tokens, adaptive_speculation)
+        self.speculator = speculator
+
+    @property
+    def speculation(self) -> SpeculationStats:
+        """Counts of drafted and accepted tokens (zeros without speculation)."""
+        return self.speculator.stats if self.speculator else SpeculationStats()
+
+    @speculation.setter
+    def speculation(self, stats: SpeculationStats) -> None:
+        if self.speculator:
+            self.speculator.stats = stats
 
     # ---- queue ----------------------------------------------------------------------------------
     def check_fits(self, prompt_ids: Sequence[int], generate: bool = True) -> None:
@@ -156,7 +158,7 @@ class BatchGenerator:
         """Admit waiting requests (prefill + first token), then one batched decode step."""
         events: list[TokenEvent] = []
         decoding = [r for r, live in self.active.items() if live.next_token is not None]
-        if decoding and self.draft is not None:
+        if decoding and self.speculator is not None:
             events += self._speculative_step(decoding)
         elif decoding:
             tokens = [self.active[r].next_token for r in decoding]
@@ -166,14 +168,12 @@ class BatchGenerator:
         while self.waiting and self.engine.cache.num_free:
             r = self.waiting.popleft()
             r.slot = self.engine.add_sequence()
-            live = self.active[r] = _Live(r, self.tokenizer)
+            self.active[r] = _Live(r, self.tokenizer)
             if not r.generate:
                 events.append(self._score_only(r))
                 continue
-            if self.draft is not None:
-                live.draft_slot = self.draft.add_sequence()
-                live.draft_k = self.num_speculative_tokens
-                self.draft.prefill(live.draft_slot, r.prompt_ids)
+            if self.speculator is not None:
+                self.speculator.start(r, r.prompt_ids)
             logits = self.engine.prefill(r.slot, r.prompt_ids,
                                          all_logits=r.return_logits or r.score_prompt)
             self._record_prompt(r, logits[:-1])
@@ -207,64 +207,21 @@ class BatchGenerator:
         return self._emit(r, token, logits)
 
     def _speculative_step(self, decoding: list[GenerationRequest]) -> list[TokenEvent]:
-        """Draft k tokens per sequence, verify them in one main-model step, emit what holds."""
-        draft = self.draft
-        assert draft is not None
-        lives = [self.active[r] for r in decoding]
-        # k per sequence: what its token budget and the main cache can still take.
-        ks = [
-            max(0, min(live.draft_k,
-                       r.config.max_generated_tokens - len(r.output_ids) - 1,
-                       self.engine.sequence_length - self.engine.length(r.slot) - 1))
-            for r, live in zip(decoding, lives, strict=True)
-        ]
-        feeds = [live.draft_behind + [live.next_token] for live in lives]
-        proposals: list[list[int]] = [[] for _ in decoding]
-        q_rows: list[list[np.ndarray]] = [[] for _ in decoding]
-        for live, k, feed in zip(lives, ks, feeds, strict=True):
-            live.draft_behind = [] if k else feed  # k == 0: the draft just catches up later
-        todo = [i for i, k in enumerate(ks) if k]
-        tokens = [feeds[i] for i in todo]
-        while todo:
-            rows = np.cumsum([len(t) for t in tokens]) - 1
-            logits = draft.step([lives[i].draft_slot for i in todo], tokens, rows)
-            for i, row in zip(todo, logits, strict=True):
-                r, live = decoding[i], lives[i]
-                q = live.sampler.distribution(row, live.history + proposals[i])
-                proposals[i].append(live.sampler.draw(q))
-                q_rows[i].append(q)
-            todo = [i for i in todo if len(proposals[i]) < ks[i]]
-            tokens = [[proposals[i][-1]] for i in todo]
-        # One main step over [next_token, proposals...] of every sequence, all rows scored.
-        verify = [[live.next_token] + props for live, props in zip(lives, proposals, strict=True)]
-        lengths = [self.engine.length(r.slot) for r in decoding]
-        logits = self.engine.step([r.slot for r in decoding], verify,
-                                  np.arange(sum(len(v) for v in verify)))
-        events, offset = [], 0
-        for i, (r, live) in enumerate(zip(decoding, lives, strict=True)):
-            rows = logits[offset:offset + len(verify[i])]
-            offset += len(verify[i])
-            p = np.stack([live.sampler.distribution(rows[j], live.history + proposals[i][:j])
-                          for j in range(len(rows))])
-            n, nxt = accept_draft(p, np.asarray(q_rows[i]), proposals[i], live.sampler.rng)
-            if ks[i]:
-                self.speculation.steps += 1
-                self.speculation.proposed += ks[i]
-                self.speculation.accepted += n
-                if self.adaptive_speculation:
-                    live.draft_k = min(live.draft_k + 1, self.num_speculative_tokens) \
-                        if n == ks[i] else max(live.draft_k - 1, 1)
-                # The draft was fed feed + proposals[:-1]; keep what was accepted.
-                fed = len(feeds[i]) + ks[i] - 1
-                draft_len = draft.length(live.draft_slot)
-                if n < ks[i]:
-                    draft.trim(live.draft_slot, draft_len - fed + len(feeds[i]) + n)
-                else:
-                    live.draft_behind = [proposals[i][-1]]
-            self.engine.trim(r.slot, lengths[i] + 1 + n)
-            for j, token in enumerate(proposals[i][:n] + [nxt]):
-                live.next_token = None
-                event = self._emit(r, token, rows[j])
+        """Each sequence gets its accepted drafted tokens and the main model's next one."""
+        assert self.speculator is not None
+        seqs = []
+        for r in decoding:
+            live = self.active[r]
+            # drafts: what its token budget and the main cache can still take, minus the token
+            # the main model always adds
+            room = min(r.config.max_generated_tokens - len(r.output_ids),
+                       self.engine.sequence_length - self.engine.length(r.slot)) - 1
+            seqs.append(SpeculativeSequence(r, r.slot, live.next_token, room, live.sampler,
+                                            live.history))
+        events = []
+        for r, kept in zip(decoding, self.speculator.step(self.engine, seqs), strict=True):
+            for token, row in zip(kept.tokens, kept.logits, strict=False):
+                event = self._emit(r, token, row)
                 events.append(event)
                 if event.finished_reason:
                     break
@@ -323,8 +280,8 @@ class BatchGenerator:
         r.text += text
         r.finished_reason = reason
         self.engine.release(r.slot)
-        if live.draft_slot is not None:
-            self.draft.release(live.draft_slot)
+        if self.speculator is not None:
+            self.speculator.release(r)
         return TokenEvent(r, token, text, reason)
 
     # ---- convenience ----------------------------------------------------------------------------

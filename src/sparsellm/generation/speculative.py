@@ -1,4 +1,4 @@
-"""Speculative decoding: a draft model proposes tokens, the main model checks them in one step.
+"""Speculative decoding: a drafting method proposes tokens, the main model checks them in one step.
 
 The acceptance rule is speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept a
 drafted token d with probability min(1, p(d)/q(d)); on the first rejection draw from the residual
@@ -6,15 +6,25 @@ max(0, p - q), normalized; if all are accepted draw one more token from p. The e
 then distributed exactly as if sampled from the main model alone. With greedy decoding p and q are
 one-hot, so this reduces to "accept the longest prefix on which the argmaxes agree, then take the
 main model's token" and the output is identical to plain greedy decoding.
+
+`Speculator` runs one speculative decode step for a batch of sequences: proposal (a `Drafter`,
+drafters.py), verification (one main-engine step over every proposal), acceptance
+(`accept_draft`), rollback of both caches, and adaptive control of each sequence's draft length.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import draw
+from ..engine import Engine
+from .drafters import Drafter, DraftRequest, check_compatible_vocab
+from .sampling import Sampler, draw
+
+__all__ = ["SpeculationStats", "SpeculativeSequence", "Speculator", "Verified", "accept_draft",
+           "check_compatible_vocab"]
 
 
 @dataclass
@@ -52,14 +62,75 @@ def accept_draft(
     return len(draft), draw(p[len(draft)], rng)
 
 
-def check_compatible_vocab(main_tokenizer: object, draft_tokenizer: object) -> None:
-    """A draft must speak the main model's token ids, or its proposals are meaningless."""
-    a, b = main_tokenizer.get_vocab(), draft_tokenizer.get_vocab()  # type: ignore[attr-defined]
-    if a != b:
-        only_main = len(set(a.items()) - set(b.items()))
-        raise ValueError(
-            f"the draft model's vocabulary differs from the main model's ({len(b)} vs {len(a)} "
-            f"tokens, {only_main} main-model entries missing or renumbered); speculative "
-            "decoding needs a draft with the same tokenizer (e.g. a compressed copy of the main "
-            "model)"
-        )
+@dataclass
+class SpeculativeSequence:
+    """One decoding sequence as the speculator sees it."""
+
+    key: Hashable  # as given to Speculator.start
+    slot: int  # its main-engine KV-cache slot
+    next_token: int  # sampled from the main model, not yet fed
+    room: int  # most tokens it may draft (its token budget and main-cache room, minus one)
+    sampler: Sampler
+    history: list[int]  # prompt + output so far
+
+
+@dataclass
+class Verified:
+    """What one sequence keeps from a speculative step."""
+
+    tokens: list[int]  # accepted drafted tokens, then the main model's own
+    logits: np.ndarray  # (>= len(tokens), vocab) main-model rows: row j chose tokens[j]
+
+
+class Speculator:
+    """Speculative decoding over a `Drafter`. Each sequence drafts `num_speculative_tokens`
+    tokens per step; `adaptive` makes that a maximum: one fewer after a step with a rejection
+    (down to 1), one more after a step that accepted everything."""
+
+    def __init__(self, drafter: Drafter, num_speculative_tokens: int = 4,
+                 adaptive: bool = False):
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        self.drafter = drafter
+        self.num_speculative_tokens = num_speculative_tokens
+        self.adaptive = adaptive
+        self.stats = SpeculationStats()
+        self._k: dict[Hashable, int] = {}  # tokens each sequence drafts next step
+
+    def start(self, key: Hashable, prompt_ids: list[int]) -> None:
+        self._k[key] = self.num_speculative_tokens
+        self.drafter.start(key, prompt_ids)
+
+    def release(self, key: Hashable) -> None:
+        if self._k.pop(key, None) is not None:
+            self.drafter.release(key)
+
+    def step(self, engine: Engine, seqs: list[SpeculativeSequence]) -> list[Verified]:
+        """Draft for every sequence, verify all proposals in one `engine` step (every row
+        scored), accept, and trim both caches to what was kept."""
+        ks = [max(0, min(self._k[s.key], s.room)) for s in seqs]
+        proposals = self.drafter.propose([
+            DraftRequest(s.key, s.next_token, k, s.sampler, s.history)
+            for s, k in zip(seqs, ks, strict=True)])
+        verify = [[s.next_token] + p.tokens for s, p in zip(seqs, proposals, strict=True)]
+        lengths = [engine.length(s.slot) for s in seqs]
+        logits = engine.step([s.slot for s in seqs], verify,
+                             np.arange(sum(len(v) for v in verify)))
+        out, offset = [], 0
+        for s, k, prop, length, fed in zip(seqs, ks, proposals, lengths, verify, strict=True):
+            rows = logits[offset:offset + len(fed)]
+            offset += len(fed)
+            p = np.stack([s.sampler.distribution(rows[j], s.history + prop.tokens[:j])
+                          for j in range(len(rows))])
+            n, nxt = accept_draft(p, np.asarray(prop.q), prop.tokens, s.sampler.rng)
+            if k:
+                self.stats.steps += 1
+                self.stats.proposed += k
+                self.stats.accepted += n
+                if self.adaptive:
+                    self._k[s.key] = min(self._k[s.key] + 1, self.num_speculative_tokens) \
+                        if n == k else max(self._k[s.key] - 1, 1)
+            self.drafter.accepted(s.key, n)
+            engine.trim(s.slot, length + 1 + n)
+            out.append(Verified(prop.tokens[:n] + [nxt], rows))
+        return out
