@@ -18,6 +18,8 @@ import numpy as np
 
 from .engine import Engine
 from .generation import BatchGenerator, GenerationConfig, GenerationRequest, TokenEvent
+from .generation.drafters import Drafter, DraftModel, PromptLookup
+from .generation.speculative import Speculator
 from .models import DEFAULT_MODEL, Checkpoint, load_checkpoint
 
 TEXT_GENERATION_TASKS = ("text-generation", "text_generation", "textgeneration", "chat")
@@ -81,10 +83,13 @@ class TextGeneration(Pipeline):
     (or "int8") stores the KV cache in half precision (int8: per-token scales), for half (a
     quarter of) the memory. Any `GenerationConfig`
     field passed here becomes a default that each call can override. With `draft_model_path` (a
-    smaller or compressed model with the same tokenizer) decoding is speculative: the draft
-    proposes `num_speculative_tokens` tokens per step (with `adaptive_speculation`, fewer while
-    its proposals get rejected) and the model verifies them; outputs are those of the model
-    alone.
+    smaller or compressed model with the same tokenizer) or `prompt_lookup=True` (n-gram matches
+    in the prompt and the text so far; with a draft model too, lookup first and the draft where
+    lookup finds nothing) decoding is speculative: up to `num_speculative_tokens` tokens are
+    drafted per step and the model verifies them; outputs are those of the model alone. With
+    `adaptive_speculation` (the default) each sequence drafts as many tokens as its measured
+    acceptance and the cost of drafting make worthwhile, none where it does not pay; False
+    drafts `num_speculative_tokens` every step.
     """
 
     def __init__(
@@ -101,7 +106,8 @@ class TextGeneration(Pipeline):
         generation_config: GenerationConfig | dict[str, Any] | None = None,
         draft_model_path: str | Path | Checkpoint | None = None,
         num_speculative_tokens: int = 4,
-        adaptive_speculation: bool = False,
+        adaptive_speculation: bool = True,
+        prompt_lookup: bool = False,
         **generation_kwargs: Any,
     ):
         if isinstance(generation_config, dict):
@@ -133,10 +139,15 @@ class TextGeneration(Pipeline):
                 prompt_processing_sequence_length=prompt_processing_sequence_length,
                 num_cores=num_cores, kv_cache_dtype=kv_cache_dtype, weights_cache=weights_cache,
             )
+        drafter: Drafter | None = None
+        if self.draft_engine is not None:
+            drafter = DraftModel(self.draft_engine, self.engine, self.tokenizer)
+        if prompt_lookup:
+            drafter = PromptLookup(self.engine.vocab_size, fallback=drafter)
+        speculator = None if drafter is None else \
+            Speculator(drafter, num_speculative_tokens, adaptive_speculation)
         self.generator = BatchGenerator(self.engine, self.tokenizer, checkpoint.eos_token_ids,
-                                        draft=self.draft_engine,
-                                        num_speculative_tokens=num_speculative_tokens,
-                                        adaptive_speculation=adaptive_speculation)
+                                        speculator=speculator)
 
     # ---- inputs ---------------------------------------------------------------------------------
     def config_for(self, **overrides: Any) -> GenerationConfig:

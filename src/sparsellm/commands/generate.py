@@ -31,11 +31,17 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None,
                    help="draft model for speculative decoding (same tokenizer, smaller or "
                         "compressed)")
+    p.add_argument("--prompt-lookup", action="store_true", default=None,
+                   help="speculative decoding by prompt lookup: draft the tokens that followed "
+                        "the last n-gram's earlier occurrence in the prompt or output (no model; "
+                        "with --draft-model, the draft model drafts where lookup finds nothing)")
     p.add_argument("--num-speculative-tokens", type=int, default=None,
-                   help="tokens the draft proposes per step (default 4)")
-    p.add_argument("--adaptive-speculation", action="store_true", default=None,
-                   help="draft fewer tokens while drafts get rejected (up to "
-                        "--num-speculative-tokens)")
+                   help="most tokens drafted per step (default 4)")
+    p.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="draft as many tokens per step (0 to --num-speculative-tokens) as the "
+                        "measured acceptance and drafting cost make worthwhile (default); "
+                        "--no-adaptive-speculation drafts --num-speculative-tokens every step")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -48,6 +54,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         weights_cache=args.weights_cache,
         kv_cache_dtype=args.kv_cache_dtype,
         draft_model_path=args.draft_model,
+        prompt_lookup=args.prompt_lookup,
         num_speculative_tokens=args.num_speculative_tokens,
         adaptive_speculation=args.adaptive_speculation,
     )
@@ -131,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     spec = pipeline.generator.speculation
-    if pipeline.draft_engine is not None and spec.steps:
+    if pipeline.generator.speculator is not None and spec.steps:
         print(f"[speculative: acceptance {spec.acceptance_rate:.0%}, "
               f"{spec.tokens_per_step:.2f} tokens per step]", file=sys.stderr)
     return 0

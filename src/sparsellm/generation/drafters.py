@@ -3,15 +3,16 @@ distribution it drew each one from (what `accept_draft` needs to keep the output
 
 A method is one `Drafter` subclass: `start` a sequence (its prompt), `propose` up to k tokens for
 a batch of sequences, hear how many were `accepted` (to roll its own state back), `release` a
-finished one. The only method today is a draft model (`DraftModel`, a second Engine); a
-deterministic proposer such as prompt lookup would return one-hot distributions.
+finished one. Two methods: a draft model (`DraftModel`, a second Engine) and prompt lookup
+(`PromptLookup`, n-gram matching against the sequence itself; deterministic, so its
+distributions are one-hot), which can hand the sequences it finds no match for to another drafter.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ class DraftRequest:
     next_token: int  # the main model's last sampled token, not yet fed anywhere
     k: int  # tokens to propose; 0: none this step (the drafter may still catch up later)
     sampler: Sampler  # the sequence's own sampling settings and random state
-    history: list[int]  # prompt + output so far (repetition penalty)
+    history: list[int]  # prompt + output so far, ending with next_token
 
 
 @dataclass
@@ -59,7 +60,9 @@ class Drafter(ABC):
 
 class DraftModel(Drafter):
     """A smaller model with the same vocabulary drafts token by token, batched over sequences,
-    in its own Engine (its own KV cache, one slot per sequence, trimmed on rejection)."""
+    in its own Engine (its own KV cache, one slot per sequence, trimmed on rejection). Its cache
+    holds a prefix of the sequence's history; each proposal first feeds what it lacks (the
+    accepted tokens and next_token, or more after steps it sat out with k == 0)."""
 
     def __init__(self, draft: Engine, main: Engine, tokenizer: Any):
         check_compatible_vocab(tokenizer, draft.checkpoint.tokenizer)
@@ -69,24 +72,21 @@ class DraftModel(Drafter):
                              "max_sequences and sequence_length")
         self.engine = draft
         self._slots: dict[Hashable, int] = {}
-        self._behind: dict[Hashable, list[int]] = {}  # accepted tokens not fed to the draft yet
-        self._last: dict[Hashable, tuple[int, int, list[int]]] = {}  # (fed, k, tokens) proposed
+        self._k: dict[Hashable, int] = {}  # tokens drafted by the last proposal
 
     def start(self, key: Hashable, prompt_ids: list[int]) -> None:
         slot = self._slots[key] = self.engine.add_sequence()
-        self._behind[key] = []
         self.engine.prefill(slot, prompt_ids)
 
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
-        feeds = [self._behind[r.key] + [r.next_token] for r in requests]
         proposals = [Proposal() for _ in requests]
-        for r, feed, p in zip(requests, feeds, proposals, strict=True):
-            self._behind[r.key] = [] if r.k else feed  # k == 0: catch up at the next proposal
-            self._last[r.key] = (len(feed), r.k, p.tokens)
-        # Step all sequences still drafting together: first their catch-up tokens + next_token,
-        # then one drafted token each.
+        for r in requests:
+            self._k[r.key] = r.k
+        # Step all sequences drafting this time together: first the history their cache lacks
+        # (ending with next_token), then one drafted token each.
         todo = [i for i, r in enumerate(requests) if r.k]
-        tokens = [feeds[i] for i in todo]
+        tokens = [requests[i].history[self.engine.length(self._slots[requests[i].key]):]
+                  for i in todo]
         while todo:
             rows = np.cumsum([len(t) for t in tokens]) - 1
             logits = self.engine.step([self._slots[requests[i].key] for i in todo], tokens, rows)
@@ -100,21 +100,87 @@ class DraftModel(Drafter):
         return proposals
 
     def accepted(self, key: Hashable, n: int) -> None:
-        feed, k, tokens = self._last.pop(key)
-        if not k:
-            return
-        # The draft was fed feed + tokens[:-1]; keep what was accepted.
-        slot = self._slots[key]
-        if n < k:
-            fed = feed + k - 1
-            self.engine.trim(slot, self.engine.length(slot) - fed + feed + n)
-        else:
-            self._behind[key] = [tokens[-1]]
+        k = self._k.pop(key, 0)
+        if k:  # the cache holds the history, then the first k - 1 drafted tokens: keep n of them
+            slot = self._slots[key]
+            self.engine.trim(slot, self.engine.length(slot) - (k - 1) + min(n, k - 1))
 
     def release(self, key: Hashable) -> None:
         self.engine.release(self._slots.pop(key))
-        del self._behind[key]
-        self._last.pop(key, None)
+        self._k.pop(key, None)
+
+
+def lookup_continuation(tokens: list[int], k: int, max_ngram: int = 3,
+                        min_ngram: int = 1) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the sequence's last
+    n tokens, for the longest n in [min_ngram, max_ngram] that occurs earlier; [] if none does.
+
+    A match may overlap the end (a repeating pattern): the continuation then runs on into the
+    tokens it has just proposed, i.e. the pattern repeats.
+    """
+    if k <= 0 or len(tokens) < 2:
+        return []
+    seq = np.asarray(tokens)
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        # windows (len - n, n): every n-gram starting before the last one
+        windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
+        starts = np.flatnonzero((windows == seq[-n:]).all(axis=1))
+        if len(starts):
+            out = list(tokens)
+            for j in range(int(starts[-1]) + n, int(starts[-1]) + n + k):
+                out.append(out[j])  # j < len(out): the match starts before the last n-gram
+            return out[len(tokens):]
+    return []
+
+
+class PromptLookup(Drafter):
+    """Prompt-lookup decoding (n-gram drafting): propose the tokens that followed the most recent
+    earlier occurrence of the sequence's last tokens in its prompt and output
+    (`lookup_continuation`). No model, nearly free, strong where the output copies the input
+    (editing code, summaries, RAG answers). Proposals are deterministic, so each comes with a
+    one-hot distribution. Sequences with no match get nothing, or the `fallback` drafter's
+    proposal (e.g. a `DraftModel`)."""
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1,
+                 fallback: Drafter | None = None):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.vocab_size = vocab_size
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.fallback = fallback
+        self._looked_up: dict[Hashable, bool] = {}  # did the last proposal come from lookup
+
+    def start(self, key: Hashable, prompt_ids: list[int]) -> None:
+        if self.fallback is not None:
+            self.fallback.start(key, prompt_ids)
+
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+        found = [lookup_continuation(r.history, r.k, self.max_ngram, self.min_ngram)
+                 for r in requests]
+        for r, tokens in zip(requests, found, strict=True):
+            self._looked_up[r.key] = bool(tokens)
+        if self.fallback is not None:  # asked for every sequence, so it can keep up with each
+            rest = self.fallback.propose([replace(r, k=0) if tokens else r
+                                          for r, tokens in zip(requests, found, strict=True)])
+        else:
+            rest = [Proposal() for _ in requests]
+        return [Proposal(tokens, [self._one_hot(t) for t in tokens]) if tokens else other
+                for tokens, other in zip(found, rest, strict=True)]
+
+    def _one_hot(self, token: int) -> np.ndarray:
+        q = np.zeros(self.vocab_size)
+        q[token] = 1.0
+        return q
+
+    def accepted(self, key: Hashable, n: int) -> None:
+        looked_up = self._looked_up.pop(key, False)
+        if self.fallback is not None:
+            self.fallback.accepted(key, 0 if looked_up else n)
+
+    def release(self, key: Hashable) -> None:
+        self._looked_up.pop(key, None)
+        if self.fallback is not None:
+            self.fallback.release(key)
 
 
 def check_compatible_vocab(main_tokenizer: object, draft_tokenizer: object) -> None:

@@ -87,15 +87,16 @@ class BatchGenerator:
 
     With a `draft` engine (same vocabulary, its own KV cache with as many slots), each decode
     step is speculative (speculative.py `Speculator` over drafters.py `DraftModel`): the draft
-    proposes `num_speculative_tokens` tokens per sequence and the main model verifies them all in
-    one batched step. `adaptive_speculation` makes `num_speculative_tokens` a maximum: each
-    sequence drafts one token fewer after a step with a rejection (down to 1) and one more after
-    a step that accepted everything. Another drafting method comes as a `speculator`.
+    proposes up to `num_speculative_tokens` tokens per sequence and the main model verifies them
+    all in one batched step. With `adaptive_speculation` (the default) each sequence drafts as
+    many tokens (0 to `num_speculative_tokens`) as its measured acceptance rate and the measured
+    cost of drafting make worthwhile; False drafts `num_speculative_tokens` every step. Another
+    drafting method (e.g. drafters.py `PromptLookup`) comes as a `speculator`.
     """
 
     def __init__(self, engine: Engine, tokenizer: Any, eos_token_ids: Sequence[int] = (),
                  draft: Engine | None = None, num_speculative_tokens: int = 4,
-                 adaptive_speculation: bool = False, speculator: Speculator | None = None):
+                 adaptive_speculation: bool = True, speculator: Speculator | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)

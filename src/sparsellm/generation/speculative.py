@@ -9,13 +9,15 @@ main model's token" and the output is identical to plain greedy decoding.
 
 `Speculator` runs one speculative decode step for a batch of sequences: proposal (a `Drafter`,
 drafters.py), verification (one main-engine step over every proposal), acceptance
-(`accept_draft`), rollback of both caches, and adaptive control of each sequence's draft length.
+(`accept_draft`), rollback of both caches, and control of each sequence's draft length
+(`DraftLength`: from its measured acceptance rate and the measured cost of a drafted token).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,8 +25,8 @@ from ..engine import Engine
 from .drafters import Drafter, DraftRequest, check_compatible_vocab
 from .sampling import Sampler, draw
 
-__all__ = ["SpeculationStats", "SpeculativeSequence", "Speculator", "Verified", "accept_draft",
-           "check_compatible_vocab"]
+__all__ = ["DraftLength", "SpeculationStats", "SpeculativeSequence", "Speculator", "Verified",
+           "accept_draft", "best_draft_length", "check_compatible_vocab"]
 
 
 @dataclass
@@ -82,33 +84,162 @@ class Verified:
     logits: np.ndarray  # (>= len(tokens), vocab) main-model rows: row j chose tokens[j]
 
 
+def best_draft_length(acceptance: float, cost_ratio: float, max_k: int) -> int:
+    """The k in [0, max_k] with the most tokens per unit of time, drafting k tokens per step.
+
+    Each drafted token is accepted with probability `acceptance` (independently, once the
+    previous one was), so a step yields (1 - a^(k+1)) / (1 - a) tokens in expectation; it costs
+    1 + cost_ratio * k plain decode steps (drafting one token and verifying it one more position).
+    k = 0 is plain decoding.
+    """
+    a = min(max(acceptance, 0.0), 1.0)
+
+    def rate(k: int) -> float:
+        tokens = k + 1 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
+        return tokens / (1 + cost_ratio * k)
+
+    return max(range(max_k + 1), key=lambda k: (rate(k), -k))  # ties: the shorter draft
+
+
+@dataclass
+class _Acceptance:
+    """Decayed counts of one sequence's accepted and rejected drafted tokens."""
+
+    accepted: float
+    rejected: float
+    idle: int = 0  # steps since it last drafted
+    probe_every: int = 4  # steps between one-token probes while it drafts nothing
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+
+@dataclass
+class _StepCost:
+    """Least-squares line through (drafted tokens per sequence, seconds per sequence) of recent
+    steps, with exponential forgetting: intercept = a plain decode step, slope = one drafted
+    token (drafting it and verifying it)."""
+
+    decay: float = 0.95
+    sums: np.ndarray = field(default_factory=lambda: np.zeros(5))  # w, x, y, xx, xy
+
+    def add(self, x: float, y: float) -> None:
+        self.sums = self.decay * self.sums + np.array([1.0, x, y, x * x, x * y])
+
+    def ratio(self) -> float | None:
+        """slope / intercept, or None while the recent steps do not pin the line down."""
+        w, sx, sy, sxx, sxy = self.sums
+        if w < 4:
+            return None
+        var = sxx / w - (sx / w) ** 2
+        if var < 0.05:  # (almost) one draft length only: the slope is unknown
+            return None
+        slope = (sxy / w - sx / w * sy / w) / var
+        intercept = sy / w - slope * sx / w
+        if intercept <= 0:
+            return None
+        return float(np.clip(slope / intercept, 0.01, 10.0))
+
+
+class DraftLength:
+    """How many tokens each sequence drafts next step, from its measured acceptance rate and the
+    cost of a drafted token relative to a plain decode step (`best_draft_length`).
+
+    The acceptance rate is a decayed count of accepted and rejected drafted tokens per sequence
+    (`decay` per step, starting from an optimistic prior). The cost ratio is `cost_ratio` if
+    given, else measured from the speculative steps' wall times (`_StepCost`), `prior_cost_ratio`
+    until they vary enough to tell. A sequence at k = 0 decodes plainly and drafts one token every
+    few steps (the interval doubling up to `max_probe_every` while probes fail), so it can come
+    back when drafting starts paying again. With a measured cost ratio k depends on timings: a
+    seeded sampled output is then reproducible only with a fixed `cost_ratio` (greedy output
+    never depends on k).
+    """
+
+    def __init__(self, max_k: int, cost_ratio: float | None = None,
+                 prior_cost_ratio: float = 0.25, decay: float = 0.9,
+                 prior: tuple[float, float] = (1.6, 0.4), max_probe_every: int = 32):
+        self.max_k = max_k
+        self.cost_ratio = cost_ratio
+        self.measured_cost_ratio = prior_cost_ratio
+        self.decay, self.prior, self.max_probe_every = decay, prior, max_probe_every
+        self.cost = _StepCost()
+        self._seqs: dict[Hashable, _Acceptance] = {}
+
+    def start(self, key: Hashable) -> None:
+        self._seqs[key] = _Acceptance(*self.prior)
+
+    def release(self, key: Hashable) -> None:
+        self._seqs.pop(key, None)
+
+    @property
+    def ratio(self) -> float:
+        return self.cost_ratio if self.cost_ratio is not None else self.measured_cost_ratio
+
+    def next(self, key: Hashable) -> int:
+        s = self._seqs[key]
+        k = best_draft_length(s.rate, self.ratio, self.max_k)
+        if k == 0 and s.idle + 1 >= s.probe_every:
+            return 1
+        return k
+
+    def observe(self, key: Hashable, drafted: int, accepted: int) -> None:
+        """The sequence drafted `drafted` tokens this step and the main model kept `accepted`."""
+        s = self._seqs[key]
+        if not drafted:
+            s.idle += 1
+            return
+        if best_draft_length(s.rate, self.ratio, self.max_k) == 0:  # this was a probe
+            s.probe_every = 4 if accepted else min(2 * s.probe_every, self.max_probe_every)
+        s.idle = 0
+        s.accepted = self.decay * s.accepted + accepted
+        s.rejected = self.decay * s.rejected + (accepted < drafted)
+
+    def step_time(self, sequences: int, drafted: int, seconds: float) -> None:
+        """One speculative step (drafting + verification) of `sequences` sequences."""
+        self.cost.add(drafted / sequences, seconds / sequences)
+        ratio = self.cost.ratio()
+        if ratio is not None:
+            self.measured_cost_ratio = ratio
+
+
 class Speculator:
-    """Speculative decoding over a `Drafter`. Each sequence drafts `num_speculative_tokens`
-    tokens per step; `adaptive` makes that a maximum: one fewer after a step with a rejection
-    (down to 1), one more after a step that accepted everything."""
+    """Speculative decoding over a `Drafter`. With `adaptive` (the default) each sequence drafts
+    between 0 and `num_speculative_tokens` tokens per step, as `DraftLength` finds pays (0:
+    plain decoding; `cost_ratio` fixes the cost of a drafted token relative to a decode step
+    instead of measuring it); without, always `num_speculative_tokens`."""
 
     def __init__(self, drafter: Drafter, num_speculative_tokens: int = 4,
-                 adaptive: bool = False):
+                 adaptive: bool = True, cost_ratio: float | None = None):
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.drafter = drafter
         self.num_speculative_tokens = num_speculative_tokens
         self.adaptive = adaptive
+        self.length = DraftLength(num_speculative_tokens, cost_ratio)
         self.stats = SpeculationStats()
-        self._k: dict[Hashable, int] = {}  # tokens each sequence drafts next step
+        self._live: set[Hashable] = set()
 
     def start(self, key: Hashable, prompt_ids: list[int]) -> None:
-        self._k[key] = self.num_speculative_tokens
+        self._live.add(key)
+        self.length.start(key)
         self.drafter.start(key, prompt_ids)
 
     def release(self, key: Hashable) -> None:
-        if self._k.pop(key, None) is not None:
+        if key in self._live:
+            self._live.remove(key)
+            self.length.release(key)
             self.drafter.release(key)
+
+    def draft_length(self, key: Hashable) -> int:
+        """Tokens the sequence would draft next step (before its room limits them)."""
+        return self.length.next(key) if self.adaptive else self.num_speculative_tokens
 
     def step(self, engine: Engine, seqs: list[SpeculativeSequence]) -> list[Verified]:
         """Draft for every sequence, verify all proposals in one `engine` step (every row
         scored), accept, and trim both caches to what was kept."""
-        ks = [max(0, min(self._k[s.key], s.room)) for s in seqs]
+        began = time.perf_counter()
+        ks = [max(0, min(self.draft_length(s.key), s.room)) for s in seqs]
         proposals = self.drafter.propose([
             DraftRequest(s.key, s.next_token, k, s.sampler, s.history)
             for s, k in zip(seqs, ks, strict=True)])
@@ -116,20 +247,20 @@ class Speculator:
         lengths = [engine.length(s.slot) for s in seqs]
         logits = engine.step([s.slot for s in seqs], verify,
                              np.arange(sum(len(v) for v in verify)))
+        self.length.step_time(len(seqs), sum(len(p.tokens) for p in proposals),
+                              time.perf_counter() - began)
         out, offset = [], 0
-        for s, k, prop, length, fed in zip(seqs, ks, proposals, lengths, verify, strict=True):
+        for s, prop, length, fed in zip(seqs, proposals, lengths, verify, strict=True):
             rows = logits[offset:offset + len(fed)]
             offset += len(fed)
             p = np.stack([s.sampler.distribution(rows[j], s.history + prop.tokens[:j])
                           for j in range(len(rows))])
             n, nxt = accept_draft(p, np.asarray(prop.q), prop.tokens, s.sampler.rng)
-            if k:
+            if prop.tokens:
                 self.stats.steps += 1
-                self.stats.proposed += k
+                self.stats.proposed += len(prop.tokens)
                 self.stats.accepted += n
-                if self.adaptive:
-                    self._k[s.key] = min(self._k[s.key] + 1, self.num_speculative_tokens) \
-                        if n == k else max(self._k[s.key] - 1, 1)
+            self.length.observe(s.key, len(prop.tokens), n)
             self.drafter.accepted(s.key, n)
             engine.trim(s.slot, length + 1 + n)
             out.append(Verified(prop.tokens[:n] + [nxt], rows))
