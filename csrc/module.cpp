@@ -107,6 +107,8 @@ struct PyModel {
   std::unique_ptr<NativeModel> model;
   py::list keep;
   std::unique_ptr<std::mutex> busy = std::make_unique<std::mutex>();  // run-state is per model
+  int threads = 0;       // this model's thread count per forward (ThreadScope); 0: process default
+  int last_threads = 0;  // most threads that ran one region of the last forward
 };
 
 const float* vec_of(const py::dict& d, const char* key, int64_t n, py::list& keep) {
@@ -221,7 +223,20 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_isa", &set_isa, py::arg("name"),
         "Kernel ISA: 'scalar', 'avx2', 'avx512' or 'auto'");
   m.def("get_num_threads", &num_threads);
-  m.def("set_num_threads", &set_num_threads, py::arg("n"), "worker threads (<= 0: all cores)");
+  m.def("set_num_threads", &set_num_threads, py::arg("n"),
+        "process-default worker threads (<= 0: all cores)");
+  m.def(
+      "region_threads",
+      [](int n) {
+        py::gil_scoped_release nogil;
+        ThreadScope scope(n);
+        std::atomic<int> ids{0};
+        parallel(true, [&](int, int) { ids.fetch_add(1); });
+        return std::make_pair(scope.widest(), ids.load());
+      },
+      py::arg("n"),
+      "Runs one empty parallel region at a per-call count of n threads (<= 0: the process "
+      "default) -> (threads the pool reports, threads that ran the task); for tests");
   m.def("set_gemv_max_tokens", &set_gemv_max_tokens, py::arg("n"),
         "Largest T served by the multi-token GEMV (above: decoded-panel GEMM) for every format; "
         "0: the per-format defaults. For measurements");
@@ -341,6 +356,13 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly(
           "config", [](const PyModel& pm) { return pm.model->config(); },
           "A copy of the spec the model was built with")
+      .def_property(
+          "num_threads", [](const PyModel& pm) { return pm.threads; },
+          [](PyModel& pm, int n) { pm.threads = std::max(n, 0); },
+          "Threads each forward runs on at most (0: the process default, set_num_threads)")
+      .def_property_readonly(
+          "last_threads", [](const PyModel& pm) { return pm.last_threads; },
+          "Most threads that ran one parallel region of the last forward (measured)")
       .def(
           "forward",
           [](PyModel& pm, const std::vector<int64_t>& tokens, const std::vector<int64_t>& slots,
@@ -364,8 +386,10 @@ PYBIND11_MODULE(_native, m) {
             float* op = ptr_of<float>(out, "out");
             py::gil_scoped_release nogil;
             std::lock_guard<std::mutex> lock(*pm.busy);  // one forward at a time per model
+            ThreadScope scope(pm.threads);
             pm.model->forward(tokens.data(), slots.data(), positions.data(), T, kv,
                               logit_rows.data(), R, op);
+            pm.last_threads = scope.widest();
           },
           py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("logit_rows"), py::arg("out"));

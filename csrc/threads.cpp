@@ -57,7 +57,12 @@ int available_cores() {  // read once: num_threads() is asked on every linear() 
   return n;
 }
 
+constexpr int kMaxThreads = (1 << 16) - 1;  // a region's width fits in epoch_'s low bits
+constexpr uint64_t kRegion = uint64_t(1) << 16, kWidthMask = kRegion - 1;
+
 thread_local bool t_in_region = false;
+thread_local int t_threads = 0;  // the innermost ThreadScope's count; 0: the process default
+thread_local int t_widest = 0;   // most threads that ran one region of the current scope
 
 class Pool {
  public:
@@ -68,31 +73,36 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(sleep_m_);
       stop_ = true;
-      epoch_.fetch_add(1);
+      epoch_.fetch_add(kRegion);
     }
     wake_.notify_all();
     for (std::thread& t : workers_) t.join();
   }
   int size() const { return n_; }
 
-  // False (nothing run) if another thread's region is running.
-  bool run(Task task, void* ctx) {
+  // Runs task on the caller and workers 1..n-1 (n <= size()); returns how many threads ran it,
+  // or 0 (nothing run) if another thread's region is running.
+  int run(Task task, void* ctx, int n) {
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    if (!busy.owns_lock()) return false;
+    if (!busy.owns_lock()) return 0;
     task_ = task;
     ctx_ = ctx;
-    pending_.store(n_ - 1, std::memory_order_relaxed);
-    epoch_.fetch_add(1);  // seq_cst, paired with the sleepers_ check below and in wait()
+    ran_.store(0, std::memory_order_relaxed);
+    pending_.store(n - 1, std::memory_order_relaxed);
+    // A new region number with its width in the low bits, so a worker reads both at once: one
+    // that sits this region out never looks at task_, which the next region may be writing.
+    // (seq_cst, paired with the sleepers_ check below and in wait())
+    epoch_.store((epoch_.load(std::memory_order_relaxed) & ~kWidthMask) + kRegion + uint64_t(n));
     if (sleepers_.load() > 0) {
       std::lock_guard<std::mutex> lock(sleep_m_);
       wake_.notify_all();
     }
     t_in_region = true;
-    task(ctx, 0, n_);
+    task(ctx, 0, n);
     t_in_region = false;
     spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; },
                Clock::duration::max());
-    return true;
+    return 1 + ran_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -109,7 +119,11 @@ class Pool {
       }
       seen = epoch_.load();
       if (stop_) return;
-      task_(ctx_, id, n_);
+      const int n = int(seen & kWidthMask);
+      if (id >= n) continue;  // a region on fewer threads than the pool has
+      t_threads = n;          // num_threads() inside the task: the region's count
+      task_(ctx_, id, n);
+      ran_.fetch_add(1, std::memory_order_relaxed);
       pending_.fetch_sub(1, std::memory_order_release);
     }
   }
@@ -119,7 +133,9 @@ class Pool {
   std::mutex busy_;              // held by the thread whose region is running
   Task task_ = nullptr;          // the running region (written before epoch_ is bumped)
   void* ctx_ = nullptr;
-  std::atomic<uint64_t> epoch_{0};  // bumped to start a region (or to stop)
+  std::atomic<int> ran_{0};         // workers that ran the current region
+  // (region number) * kRegion + the region's width; a new number starts a region (or stops)
+  std::atomic<uint64_t> epoch_{0};
   std::atomic<int> pending_{0};     // workers still running the current region
   std::atomic<int> sleepers_{0};
   std::mutex sleep_m_;
@@ -127,15 +143,21 @@ class Pool {
   bool stop_ = false;  // set under sleep_m_ with an epoch bump
 };
 
-// The pool is replaced on set_num_threads and abandoned in a forked child (its threads do not
-// exist there); a region in flight keeps its pool alive through its shared_ptr.
+// The pool has the most threads any region asked for (at least the process default): it is
+// replaced by a larger one when a region asks for more, dropped on set_num_threads, and
+// abandoned in a forked child (its threads do not exist there); a region in flight keeps its
+// pool alive through its shared_ptr.
 std::mutex g_pool_m;
 std::shared_ptr<Pool>* g_pool = new std::shared_ptr<Pool>();
 std::atomic<int> g_threads{0};  // 0: not set -> available_cores()
 
-std::shared_ptr<Pool> pool() {
+std::shared_ptr<Pool> pool(int n) {
+  std::shared_ptr<Pool> old;  // joined outside the lock (if no region still holds it)
   std::lock_guard<std::mutex> lock(g_pool_m);
-  if (!*g_pool) *g_pool = std::make_shared<Pool>(num_threads());
+  if (!*g_pool || (*g_pool)->size() < n) {
+    old = std::move(*g_pool);
+    *g_pool = std::make_shared<Pool>(std::max(n, default_num_threads()));
+  }
   return *g_pool;
 }
 
@@ -150,10 +172,12 @@ const bool g_atfork = [] {
 
 }  // namespace
 
-int num_threads() {
+int default_num_threads() {
   const int n = g_threads.load(std::memory_order_relaxed);
   return n > 0 ? n : available_cores();
 }
+
+int num_threads() { return t_threads > 0 ? t_threads : default_num_threads(); }
 
 void set_num_threads(int n) {
   std::shared_ptr<Pool> old;  // joined outside the lock
@@ -164,9 +188,27 @@ void set_num_threads(int n) {
   }
 }
 
+ThreadScope::ThreadScope(int n) : saved_threads_(t_threads), saved_widest_(t_widest) {
+  t_threads = std::max(n, 0);
+  t_widest = 0;
+}
+
+ThreadScope::~ThreadScope() {
+  t_threads = saved_threads_;
+  t_widest = std::max(saved_widest_, t_widest);
+}
+
+int ThreadScope::widest() const { return t_widest; }
+
 void parallel_run(bool parallel, Task task, void* ctx) {
-  if (parallel && !t_in_region && num_threads() > 1 && pool()->run(task, ctx)) return;
-  task(ctx, 0, 1);
+  const int n = std::min(num_threads(), kMaxThreads);
+  int ran = 0;
+  if (parallel && !t_in_region && n > 1) ran = pool(n)->run(task, ctx, n);
+  if (ran == 0) {
+    task(ctx, 0, 1);
+    ran = 1;
+  }
+  t_widest = std::max(t_widest, ran);
 }
 
 }  // namespace sl

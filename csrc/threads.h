@@ -16,14 +16,33 @@
 
 namespace sl {
 
+// Threads a region started on this thread runs on: the innermost ThreadScope's count, else the
+// process default (inside a region: that region's count).
 int num_threads();
-void set_num_threads(int n);  // n <= 0 -> all cores this process may run on
+int default_num_threads();    // the process default
+void set_num_threads(int n);  // the process default; n <= 0 -> all cores this process may run on
+
+// A per-call thread count (an engine's own): while it lives, regions started by this thread
+// run on at most n threads (n <= 0: the process default). Another thread's scope is not
+// affected, so two engines with different counts can run at once from two threads. widest()
+// is the most threads that ran one of its regions (measured: the workers that took part).
+class ThreadScope {
+ public:
+  explicit ThreadScope(int n);
+  ~ThreadScope();
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+  int widest() const;
+
+ private:
+  int saved_threads_, saved_widest_;
+};
 
 using Task = void (*)(void* ctx, int id, int n);
 void parallel_run(bool parallel, Task task, void* ctx);
 
 // Runs fn(id, n) on n = num_threads() threads, the caller being id 0, and returns when all
-// have finished. Runs fn(0, 1) on the caller alone when !parallel, when called from inside a
+// have finished (the pool grows to the largest count asked for; the workers past n sit out). Runs fn(0, 1) on the caller alone when !parallel, when called from inside a
 // region, or while another thread's region is running. fn must not throw.
 template <class F>
 void parallel(bool parallel, F&& fn) {

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kernels import get_num_threads, set_num_threads
 from ..models import Checkpoint, load_checkpoint
 from ..progress import progress_bar
 from .kv_cache import KVCache
@@ -57,6 +56,10 @@ class Engine:
     (any `sparsellm.kernels.FORMATS` name) converts every linear weight on load instead.
     `backend="numpy"` runs the NumPy reference forward on exactly the weights the native kernels
     would use.
+    `num_cores` is this engine's own thread count (None: the process default, all cores unless
+    `kernels.set_num_threads` says otherwise): its native calls run on at most that many
+    threads, whatever other engines in the process use. The NumPy backend cannot honour it
+    (NumPy's threads are process-wide), so it refuses it.
     `kv_cache_dtype="fp16"` or `"int8"` stores keys and values as IEEE half or int8 (see
     KV_CACHE_DTYPES); the NumPy backend keeps fp32 or fp16.
 
@@ -90,6 +93,12 @@ class Engine:
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; accepted: "
                              f"{', '.join(KV_CACHE_DTYPES)}")
+        if num_cores is not None and (isinstance(num_cores, bool) or not isinstance(num_cores, int)
+                                      or num_cores < 1):
+            raise ValueError(f"num_cores must be a positive integer, got {num_cores!r}")
+        if num_cores is not None and backend != "native":
+            raise ValueError("num_cores needs the native backend: the NumPy reference runs on "
+                             "NumPy's own process-wide threads; leave num_cores unset")
         if kv_cache_dtype == "int8" and backend != "native":
             raise ValueError("kv_cache_dtype='int8' needs the native backend; the NumPy "
                              "reference keeps fp32 or fp16 caches")
@@ -110,8 +119,6 @@ class Engine:
                                       sequence_length, a.head_dim, KV_CACHE_DTYPES[kv_cache_dtype])
         check_fits(self.checkpoint, self.formats, kv_bytes, backend)
         if backend == "native":
-            if num_cores is not None:
-                set_num_threads(num_cores)
             self.model = self._native_model(weights_cache, max(prompt_processing_sequence_length,
                                                                max_sequences))
         else:
@@ -134,6 +141,7 @@ class Engine:
             model = NativeDecoderModel(
                 self.args, native_sources(ckpt, self.formats), self.formats,
                 max_tokens=max_tokens, on_packed=lambda: bar.update(1),
+                num_threads=self.num_cores,
                 packed=cached if cached is not None else declared_packed(ckpt, self.formats))
         if cache is not None and cached is None and model.converted and \
                 cache.save(model.converted):
@@ -165,8 +173,8 @@ class Engine:
 
     @property
     def num_threads(self) -> int:
-        return get_num_threads() if self.backend == "native" else \
-            self.num_cores or os.cpu_count() or 1
+        """Threads this engine's native calls run on at most (NumPy backend: the CPU count)."""
+        return self.model.num_threads if self.backend == "native" else os.cpu_count() or 1
 
     @property
     def weight_bytes_per_step(self) -> int:

@@ -52,13 +52,19 @@ class NativeDecoderModel:
         packed: Mapping[str, PackedWeight] | None = None,
         max_tokens: int = 512,
         on_packed: Callable[[], object] | None = None,
+        num_threads: int | None = None,
     ):
         """formats: one format for every linear weight, or {canonical name: format} (names
         missing from the dict stay fp32). masks: {name: kept-weights bool mask} for sparse
         formats (default: the weight's nonzeros). packed: already packed weights (e.g. exact
         integers from a compressed checkpoint), used as they are. max_tokens: largest number of
         tokens per native call; longer batches are split into chunks. on_packed: called after
-        each linear weight is packed (progress)."""
+        each linear weight is packed (progress). num_threads: this model's own thread count,
+        for packing and for every forward (None: the process default, `set_num_threads`);
+        another model in the same process may use a different one, even at the same time."""
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+        self._threads = num_threads
         self.args = args
         self.max_tokens = int(max_tokens)
         self.native_seconds = 0.0  # wall time inside the native forward, over all calls
@@ -103,7 +109,7 @@ class NativeDecoderModel:
 
         # Converting is NumPy work that releases the GIL: one tensor per thread, so at most
         # that many tensors are in flight (the working set stays bounded).
-        with ThreadPoolExecutor(max_workers=max(1, get_num_threads())) as pool:
+        with ThreadPoolExecutor(max_workers=self.num_threads) as pool:
             self.packed: dict[str, PackedWeight] = dict(zip(names, pool.map(pack_one, names),
                                                             strict=True))
         moved = {id(w): w for w in [*self.packed.values(), embed] if id(w) not in in_place}
@@ -148,6 +154,18 @@ class NativeDecoderModel:
             vec("model.norm.bias"),
             self.packed["lm_head.weight"].native(),
             vec("lm_head.bias") if args.lm_head_bias else None)
+        self._model.num_threads = num_threads or 0  # applied by the native forward itself
+
+    @property
+    def num_threads(self) -> int:
+        """Threads a forward runs on at most: this model's count, else the process default."""
+        return self._threads or max(1, get_num_threads())
+
+    @property
+    def last_threads(self) -> int:
+        """Most threads that ran one parallel region of the last forward (measured by the
+        pool; fewer than num_threads while another thread's forward holds the pool)."""
+        return int(self._model.last_threads)
 
     @property
     def weight_bytes(self) -> int:

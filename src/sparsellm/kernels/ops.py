@@ -112,7 +112,8 @@ def get_isa() -> str:
 
 
 def set_num_threads(n: int) -> None:
-    """Worker threads for all kernels (csrc/threads.h); n <= 0 means all cores (the default)."""
+    """The process default thread count (csrc/threads.h): what every native call without its
+    own count uses (an engine's `num_cores` is its own); n <= 0 means all cores (the default)."""
     native().set_num_threads(int(n))
 
 
