@@ -32,6 +32,17 @@ def test_generate_streams_text_and_prints_summary(tiny_llama_dir):
     assert f"finished: {expected.generations[0].finished_reason}" in summary
 
 
+def test_generate_prompt_lookup_flag(tiny_llama_dir):
+    prompt = "the cat sat on the mat. " * 4
+    plain = sparsellm("generate", str(tiny_llama_dir), prompt, "--max-generated-tokens", "24",
+                      "--sequence-length", "128")
+    r = sparsellm("generate", str(tiny_llama_dir), prompt, "--max-generated-tokens", "24",
+                  "--sequence-length", "128", "--prompt-lookup", "--no-adaptive-speculation")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain.stdout
+    assert "[speculative: acceptance" in r.stderr and "[speculative" not in plain.stderr
+
+
 def test_generate_sampling_and_chat_flags(tiny_llama_dir):
     args = ["generate", str(tiny_llama_dir), "hello", "--max-new-tokens", "8", "--temperature",
             "0.9", "--top-p", "0.9", "--top-k", "20", "--seed", "3", "--force-max-tokens"]
