@@ -278,6 +278,24 @@ def test_reads_dense_stored_sparse_and_int8(tiny_model, tmp_path):
     assert "model.layers.0.mlp.gate_proj.weight" not in loaded.weight_formats
 
 
+def test_corrupt_scales_are_refused(tiny_model, tmp_path):
+    """Garbage scales (llm-compressor 0.14 writes some for a quantized Embedding) are refused by
+    name instead of running to NaN logits."""
+    ckpt = load_checkpoint(tiny_model)
+    tensors = dict(ckpt.tensors)
+    name = "model.layers.1.mlp.down_proj.weight"
+    qt = rtn_quantize(tensors.pop(name), WeightFormat(bits=8))
+    tensors[name] = qt.q
+    tensors[name[:-7] + ".weight_scale"] = np.where(np.arange(qt.scale.size)[:, None] == 3,
+                                                     np.float32(-4e37), qt.scale)
+    _write_folder(tmp_path / "m", tiny_model, {"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "int-quantized",
+        "config_groups": {"g": {"targets": ["re:.*down_proj$"], "weights": {"num_bits": 8}}}}},
+        tensors)
+    with pytest.raises(ValueError, match=r"down_proj.weight_scale has 1 negative or non-finite"):
+        load_checkpoint(tmp_path / "m").tensors[name]
+
+
 def test_unsupported_formats_are_clear(tiny_model, tmp_path):
     _write_folder(tmp_path / "a", tiny_model, {"quantization_config": {"quant_method": "awq"}},
                   dict(load_checkpoint(tiny_model).tensors))

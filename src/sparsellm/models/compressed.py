@@ -287,6 +287,10 @@ def _quantized_tensor(
         q = q.astype(np.int8)
     rows, cols = q.shape
     scale = _per_row(np.asarray(raw[module + ".weight_scale"], dtype=np.float32), rows)
+    if not (np.isfinite(scale) & (scale >= 0)).all():  # e.g. llm-compressor 0.14's Embedding
+        bad = scale[~(np.isfinite(scale) & (scale >= 0))]
+        raise ValueError(f"{module}.weight_scale has {bad.size} negative or non-finite scales "
+                         f"(e.g. {bad[0]:g}): the checkpoint is corrupt or its writer is broken")
     groups_n = scale.shape[1]
     zp = raw.get(module + ".weight_zero_point")
     if symmetric:
