@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import sparsellm
-
-PACKAGE = Path(sparsellm.__file__).parent
+# The source tree (not the installed copy: an editable install's package folder holds only the
+# compiled extension).
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sparsellm"
 EXTENSION = "sparsellm._native"  # compiled from csrc/; imports nothing from the package
 
 # docs/architecture.md section 1, bottom to top: top-level module or package -> layer. A module
