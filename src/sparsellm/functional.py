@@ -52,7 +52,7 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """Exact (erf) GELU."""
-    return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(np.float32)
+    return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(x.dtype, copy=False)
 
 
 def relu(x: np.ndarray) -> np.ndarray:

@@ -36,6 +36,11 @@ from .sparsegpt import accumulate_hessian, obs_compress
 logger = logging.getLogger(__name__)
 
 ROW_CHUNK = 8192  # tokens per Hessian accumulation chunk
+# The calibration forward and the Hessians run in float64: in float32 the BLAS kernels of
+# different CPUs (AVX2 vs AVX-512) round differently, those last-bit differences flip pruning
+# and rounding decisions at near-ties, and the flips compound layer by layer (two CPUs gave
+# perplexities 0.9% apart). In float64 the same command writes the same weights on either.
+CALIBRATION_DTYPE = np.float64
 
 
 def calibration_samples(
@@ -243,8 +248,9 @@ class SequentialCompressor:
         model = DecoderModel(a, self.tensors)
         n, s = self.samples.shape
         positions = np.tile(np.arange(s), n)
-        x = model.embed_tokens(self.samples.reshape(-1), positions, self.tensors[embed + ".weight"])
-        rope = model.rope_tables(positions)
+        x = model.embed_tokens(self.samples.reshape(-1), positions,
+                               self.tensors[embed + ".weight"]).astype(CALIBRATION_DTYPE)
+        rope = tuple(t.astype(CALIBRATION_DTYPE) for t in model.rope_tables(positions))
         attend = self._attend(model, n, s)
         for i in range(a.num_hidden_layers):
             start = time.perf_counter()
@@ -267,7 +273,7 @@ class SequentialCompressor:
         positions = np.arange(s)
 
         def attend(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-            out = np.empty((n * s, q.shape[1] * q.shape[2]), dtype=np.float32)
+            out = np.empty((n * s, q.shape[1] * q.shape[2]), dtype=q.dtype)
             for j in range(n):
                 rows = slice(j * s, (j + 1) * s)
                 out[rows] = attention(q[rows], k[rows].transpose(1, 0, 2),

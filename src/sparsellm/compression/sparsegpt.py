@@ -21,10 +21,13 @@ from .quantize import compute_qparams, dequantize_values, effective_group_size, 
 
 def accumulate_hessian(h: np.ndarray | None, x: np.ndarray, count: int) -> tuple[np.ndarray, int]:
     """Running H = 2 X^T X / n: add the rows of x (tokens, in) to h (in, in) float64 over `count`
-    rows so far -> (new h, new count). The product runs in fp32 BLAS, the sum in float64."""
-    x = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    rows so far -> (new h, new count). The product runs in x's precision (float64 activations:
+    float64 BLAS), the sum in float64."""
+    x = np.asarray(x)
+    x = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
+    x = x.reshape(-1, x.shape[-1])
     n = x.shape[0]
-    xtx = (x.T @ x).astype(np.float64)
+    xtx = (x.T @ x).astype(np.float64, copy=False)
     if h is None:
         return 2.0 * xtx / n, n
     total = count + n

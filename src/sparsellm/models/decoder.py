@@ -285,7 +285,7 @@ class DecoderModel:
         act_fn = ACTIVATION_FNS[a.activation]
         first = ["mlp.gate_proj", "mlp.up_proj"] if a.mlp == "gated" else ["mlp.up_proj"]
         lin.prepare(i, first, h)
-        act = np.empty((h.shape[0], a.intermediate_size), dtype=np.float32)
+        act = np.empty((h.shape[0], a.intermediate_size), dtype=h.dtype)
         for r in range(0, h.shape[0], ROW_CHUNK):
             hr = h[r:r + ROW_CHUNK]
             if a.mlp == "gated":
