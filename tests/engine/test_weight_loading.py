@@ -175,6 +175,33 @@ def test_resident_estimate_matches_what_is_packed(bf16_model):
             engine.weight_bytes_per_step + embed + norms, fmt
 
 
+def test_resident_estimate_of_a_pruned_model_counts_its_zeros(bf16_model, tmp_path):
+    """A sparse format's estimate reads a block of rows of each weight: a 50%-pruned model in
+    sparse_fp32 is estimated near what is packed, not at the dense upper bound (which refused a
+    50%-sparse 7B model that fits: 27.9 GB estimated for 15.5 GB)."""
+    import shutil
+
+    from sparsellm.models.safetensors_io import read_safetensors, write_safetensors
+
+    pruned = tmp_path / "pruned"
+    shutil.copytree(bf16_model, pruned)
+    rng = np.random.default_rng(0)
+    for f in pruned.glob("*.safetensors"):
+        tensors = read_safetensors(f)
+        for n, w in tensors.items():
+            if n.endswith("_proj.weight"):
+                tensors[n] = np.where(rng.random(w.shape) < 0.5, w, 0).astype(w.dtype)
+        write_safetensors(f, tensors)
+    ck = load_checkpoint(pruned)
+    engine = Engine(ck, sequence_length=32, weights="sparse_fp32", weights_cache=False)
+    embed = ck.args.vocab_size * ck.args.hidden_size * 2
+    norms = 8 * ck.args.num_hidden_layers * ck.args.hidden_size * 4
+    packed = engine.weight_bytes_per_step + embed + norms
+    estimate = memory_check.resident_weight_bytes(ck, engine.formats)
+    dense = memory_check.resident_weight_bytes(load_checkpoint(bf16_model), engine.formats)
+    assert packed <= estimate < 1.1 * packed and estimate < 0.8 * dense, (packed, estimate, dense)
+
+
 def test_stale_layout_version_invalidates(bf16_model, tmp_path, monkeypatch):
     Engine(bf16_model, sequence_length=32, weights="int8", weights_cache=tmp_path)
     ck = load_checkpoint(bf16_model)

@@ -27,6 +27,7 @@ products; the others compute in fp32 activations.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,9 +150,10 @@ class PackedWeight:
         self._native = None
 
 
-def packed_nbytes(shape: tuple[int, int], format: str) -> int:
+def packed_nbytes(shape: tuple[int, int], format: str, density: float = 1.0) -> int:
     """Bytes of a (out, in) weight packed in `format`, without packing it: exact for dense
-    formats, an upper bound for sparse ones (every weight kept; pruning halves the values)."""
+    formats; for sparse ones, with `density` of the weights kept (the default 1.0 is an upper
+    bound; pruning to 50% halves the values)."""
     s = parse_format(format)
     out, kp = shape[0], padded_cols(shape[1], s.group)
     if s.kind in ("fp32", "fp16", "bf16"):
@@ -163,7 +165,8 @@ def packed_nbytes(shape: tuple[int, int], format: str) -> int:
         return out * (kp // 2 + kp // s.group * (5 if s.asym else 4))
     if s.kind == "2:4_int8":
         return out * (kp // 2 + kp // 8 + 4)
-    values = {"sparse_fp32": 4 * kp, "sparse_int8": kp, "sparse_int4": kp // 2}[s.kind]
+    values = math.ceil(density * {"sparse_fp32": 4 * kp, "sparse_int8": kp,
+                                  "sparse_int4": kp // 2}[s.kind])
     scales = 4 * (kp // s.group if s.group else 1) if s.kind != "sparse_fp32" else 0
     return out * (values + kp // 8 + scales + 8) + _VALUE_PAD
 
