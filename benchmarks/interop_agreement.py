@@ -34,6 +34,7 @@ def main() -> None:
 
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from sparsellm.datasets import load_texts
     from sparsellm.engine import Engine
@@ -42,11 +43,13 @@ def main() -> None:
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # type: ignore[method-assign]
+    hf_logging.enable_propagation()  # transformers' loggers do not reach the root otherwise
     logging.getLogger().addHandler(handler)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     logging.getLogger().removeHandler(handler)
+    hf_logging.disable_propagation()
     issues = [r.getMessage() for r in records] + [str(w.message) for w in caught]
     print(f"transformers load: {len(issues)} warnings")
     for text in issues[:10]:

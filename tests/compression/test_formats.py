@@ -195,17 +195,9 @@ def test_reads_pack_quantized_written_by_compressed_tensors(tiny_model, tmp_path
 
 def test_reads_int_quantized_w8a8_written_by_compressed_tensors(tiny_model, tmp_path):
     from compressed_tensors.compressors import IntQuantizationCompressor
-    from compressed_tensors.quantization import (
-        QuantizationArgs,
-        QuantizationConfig,
-        QuantizationScheme,
-    )
+    from compressed_tensors.quantization import QuantizationConfig
 
-    scheme = QuantizationScheme(
-        targets=["Linear"],
-        weights=QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="channel"),
-        input_activations=QuantizationArgs(num_bits=8, type="int", symmetric=True,
-                                           strategy="token", dynamic=True))
+    scheme = _w8a8_scheme()
     ckpt = load_checkpoint(tiny_model)
     tensors, expected = _reference_compressed(ckpt, scheme, IntQuantizationCompressor)
     config = QuantizationConfig(config_groups={"group_0": scheme}, format="int-quantized",
@@ -335,26 +327,46 @@ def test_interrupted_write_leaves_nothing(tiny_model, tmp_path, monkeypatch):
 
 
 # ---- interop with transformers + compressed-tensors ---------------------------------------------
-def _hf_and_ours(folder, ids):
-    """Logits of `folder` from transformers (loaded with no warning logged) and from sparsellm,
-    each as the checkpoint declares (W8A8: compressed-tensors fake-quantizes the activations)
-    and with activation quantization off on both sides (the exact weights)."""
+@pytest.fixture
+def no_warnings(caplog):
+    """Fails the test if anything logs a warning, transformers included (its loggers do not
+    propagate to the root logger unless told to: its load report of missing and unexpected
+    keys would pass unseen)."""
     import logging
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            yield
+    finally:
+        hf_logging.disable_propagation()
+    warned = [r.getMessage() for r in caplog.get_records("call") if r.levelno >= logging.WARNING]
+    assert not warned, warned
+
+
+def _w8a8_scheme():
+    """compressed-tensors' W8A8: int8 per-channel weights, dynamic per-token int8 inputs."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    return QuantizationScheme(
+        targets=["Linear"],
+        weights=QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="channel"),
+        input_activations=QuantizationArgs(num_bits=8, type="int", symmetric=True,
+                                           strategy="token", dynamic=True))
+
+
+def _hf_and_ours(folder, ids):
+    """Logits of `folder` from transformers and from sparsellm, each as the checkpoint declares
+    (W8A8: compressed-tensors fake-quantizes the activations) and with activation quantization
+    off on both sides (the exact weights)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from sparsellm.engine import Engine
 
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    logging.getLogger().addHandler(handler)
-    try:
-        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    finally:
-        logging.getLogger().removeHandler(handler)
-    assert not records, [r.getMessage() for r in records]
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     out = {}
     for mode, weights in (("w8a8", None), ("w8", "fp32")):
         if weights:
@@ -382,7 +394,7 @@ def _agree(out, ids):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_our_output_loads_in_transformers(tiny_model, tiny_tied_model, calib_texts, tmp_path,
-                                          tied):
+                                          tied, no_warnings):
     """SparseGPT 50% + W8A8 with an int8 embedding, written in the default (dense) layout:
     current transformers + compressed-tensors load it with no warning and compute what we do.
     A tied model's quantized embedding is written untied (transformers would tie the lm_head
@@ -404,24 +416,14 @@ def test_our_output_loads_in_transformers(tiny_model, tiny_tied_model, calib_tex
 
 
 def test_llm_compressor_output_loads_here_like_in_transformers(tiny_model, calib_texts,
-                                                               tmp_path):
+                                                               tmp_path, no_warnings):
     """A 50%-sparse W8A8 model as llm-compressor writes it today (int-quantized on
     compressed-tensors' grid, so -128 is a weight; sparsity stored densely and described in
     sparsity_config): loaded with no clamping (no warning) and run like transformers runs it."""
-    import logging
-
     from compressed_tensors.compressors import IntQuantizationCompressor
-    from compressed_tensors.quantization import (
-        QuantizationArgs,
-        QuantizationConfig,
-        QuantizationScheme,
-    )
+    from compressed_tensors.quantization import QuantizationConfig
 
-    scheme = QuantizationScheme(
-        targets=["Linear"],
-        weights=QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="channel"),
-        input_activations=QuantizationArgs(num_bits=8, type="int", symmetric=True,
-                                           strategy="token", dynamic=True))
+    scheme = _w8a8_scheme()
     ckpt = load_checkpoint(tiny_model)
     pruned = ckpt.with_tensors({n: magnitude_prune(w, 0.5)[0] if n.endswith("_proj.weight")
                                 else w for n, w in ckpt.tensors.items()})
@@ -434,15 +436,6 @@ def test_llm_compressor_output_loads_here_like_in_transformers(tiny_model, calib
     _write_folder(tmp_path / "m", tiny_model, {"quantization_config": {
         **config.model_dump(exclude_none=True), "sparsity_config": sparsity}}, tensors)
     ids = ckpt.tokenizer.encode("".join(calib_texts[:6]))[:40]
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    logging.getLogger("sparsellm").addHandler(handler)
-    try:
-        loaded = load_checkpoint(tmp_path / "m")
-        out = _hf_and_ours(tmp_path / "m", ids)
-    finally:
-        logging.getLogger("sparsellm").removeHandler(handler)
-    assert not records, [r.getMessage() for r in records]
+    loaded = load_checkpoint(tmp_path / "m")
     assert loaded.weight_formats["model.layers.0.mlp.up_proj.weight"].name == "sparse_int8_a8"
-    _agree(out, ids)
+    _agree(_hf_and_ours(tmp_path / "m", ids), ids)
