@@ -10,14 +10,13 @@ streamed per token * tokens/s). The per-kernel view of the same shapes is
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
 from ..kernels import get_num_threads, set_isa, set_num_threads
-from ..kernels.bench import DEFAULT_FORMATS, make_weight
-from ..kernels.formats import FORMATS, dense_twin
+from ..kernels.bench import arg_parser, make_weight
+from ..kernels.formats import dense_twin
 from ..kernels.reference import dequantize
 from ..models.decoder import ModelArgs, layer_weight_names, linear_weight_names
 from .native_model import NativeDecoderModel
@@ -74,12 +73,7 @@ def main_model(formats: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                    help=f"comma list from: {', '.join(FORMATS)}")
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--isa", default="auto", choices=["auto", "avx512", "avx2", "scalar"])
-    args = ap.parse_args(argv)
+    args = arg_parser(__doc__.split("\n")[0]).parse_args(argv)
     set_isa(args.isa)
     saved = get_num_threads()
     try:

@@ -69,12 +69,18 @@ def bench_gemv(fmt: str, shape: tuple[int, int], min_time: float = 0.2,
         iters *= 4
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arg_parser(description: str) -> argparse.ArgumentParser:
+    """--formats, --threads, --isa: the options every micro-benchmark takes."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
                     help=f"comma list from: {', '.join(FORMATS)}")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--isa", default="auto", choices=["auto", "avx512", "avx2", "scalar"])
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = arg_parser(__doc__.split("\n")[0])
     ap.add_argument("--tokens", default="",
                     help="comma list of T: time one model step's linear layers for T tokens on "
                          "the multi-token GEMV path vs the decoded-panel GEMM path")
