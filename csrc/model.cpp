@@ -22,6 +22,10 @@ NativeModel::NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, Oute
     throw std::invalid_argument("rotary_dim must be even and in [0, head_dim]");
   if (int64_t(c.inv_freq.size()) != c.rotary_dim / 2)
     throw std::invalid_argument("inv_freq must have rotary_dim/2 entries");
+  if (!c.local_inv_freq.empty() && int64_t(c.local_inv_freq.size()) != c.rotary_dim / 2)
+    throw std::invalid_argument("local_inv_freq must be empty or have rotary_dim/2 entries");
+  if (!c.layer_sliding.empty() && int64_t(c.layer_sliding.size()) != c.layers)
+    throw std::invalid_argument("layer_sliding must be empty or have one entry per layer");
   if ((c.max_positions > 0) != (outer_.pos_embed != nullptr))
     throw std::invalid_argument("learned positions need both max_positions and pos_embed");
   const int64_t M = c.max_tokens, D = c.hidden, qd = c.heads * c.head_dim,
@@ -41,6 +45,10 @@ NativeModel::NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, Oute
   embed_row_.resize(outer_.embed.kp);
   cos_.resize(M * c.rotary_dim / 2);
   sin_.resize(M * c.rotary_dim / 2);
+  if (!c.local_inv_freq.empty()) {
+    lcos_.resize(M * c.rotary_dim / 2);
+    lsin_.resize(M * c.rotary_dim / 2);
+  }
   // Size linear()'s scratch for the widest input of any projection (incl. lm_head).
   int64_t kp = outer_.lm_head.kp;
   for (const LayerWeights& l : layers_)
@@ -74,8 +82,12 @@ void NativeModel::attention_block(const LayerWeights& w, int64_t layer, const in
     rms_norm(q_.data(), w.q_norm, q_.data(), T * H, hd, c.eps);
     rms_norm(k_.data(), w.k_norm, k_.data(), T * KV, hd, c.eps);
   }
-  apply_rope(q_.data(), T, H, hd, c.rotary_dim, H * hd, cos_.data(), sin_.data());
-  apply_rope(k_.data(), T, KV, hd, c.rotary_dim, KV * hd, cos_.data(), sin_.data());
+  const int64_t window = this->window(layer);
+  const bool local = window && !c.local_inv_freq.empty();
+  const float* cs = (local ? lcos_ : cos_).data();
+  const float* sn = (local ? lsin_ : sin_).data();
+  apply_rope(q_.data(), T, H, hd, c.rotary_dim, H * hd, cs, sn);
+  apply_rope(k_.data(), T, KV, hd, c.rotary_dim, KV * hd, cs, sn);
 
   // Append this step's keys/values: cache[layer, slot, kvh, pos, :] (layout (L, S, KV, cap, row)).
   const int64_t row = kv_row_bytes(cache.type, hd);
@@ -103,8 +115,8 @@ void NativeModel::attention_block(const LayerWeights& w, int64_t layer, const in
       }
     }
 
-  const AttnShape s{T, H, KV, hd, cache.capacity, 1.0f / std::sqrt(float(hd)), c.sliding_window,
-                    cache.type};
+  const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(hd));
+  const AttnShape s{T, H, KV, hd, cache.capacity, scale, window, cache.type};
   attention(q_.data(), H * hd, kc, vc, slots, positions, s, att_.data(), H * hd, scores_);
   linear(w.o, att_.data(), T, H * hd, out, D, lin_);
   add_bias(out, w.bo, T, D);
@@ -163,18 +175,26 @@ void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int
   const int64_t D = c.hidden;
   for (int64_t t = 0; t < T; ++t) {
     scalar::decode_rows(outer_.embed, tokens[t], tokens[t] + 1, embed_row_.data());
-    std::memcpy(x_.data() + t * D, embed_row_.data(), D * sizeof(float));
+    float* xt = x_.data() + t * D;
+    std::memcpy(xt, embed_row_.data(), D * sizeof(float));
+    if (c.embed_scale != 1.0f)
+      for (int64_t i = 0; i < D; ++i) xt[i] *= c.embed_scale;
     if (outer_.pos_embed) add_inplace(x_.data() + t * D, outer_.pos_embed + positions[t] * D, D);
   }
   rope_tables(positions, T, c.inv_freq.data(), c.rotary_dim / 2, cos_.data(), sin_.data());
+  if (!c.local_inv_freq.empty())
+    rope_tables(positions, T, c.local_inv_freq.data(), c.rotary_dim / 2, lcos_.data(),
+                lsin_.data());
   for (int64_t l = 0; l < c.layers; ++l) {
     const LayerWeights& w = layers_[l];
     norm(x_.data(), w.attn_norm, w.attn_norm_b, h_.data(), T);
     if (c.residual == Residual::Sequential) {
       attention_block(w, l, slots, positions, T, cache, proj_.data());
+      if (c.sandwich_norms) norm(proj_.data(), w.attn_out_norm, nullptr, proj_.data(), T);
       add_inplace(x_.data(), proj_.data(), T * D);
       norm(x_.data(), w.mlp_norm, w.mlp_norm_b, h_.data(), T);
       mlp_block(w, T, proj_.data());
+      if (c.sandwich_norms) norm(proj_.data(), w.mlp_out_norm, nullptr, proj_.data(), T);
       add_inplace(x_.data(), proj_.data(), T * D);
     } else {
       attention_block(w, l, slots, positions, T, cache, par_.data());
@@ -193,6 +213,11 @@ void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int
   if (R > 0) {
     linear(outer_.lm_head, h_.data(), R, D, out_logits, c.vocab, lin_);
     add_bias(out_logits, outer_.lm_head_b, R, c.vocab);
+    if (c.final_logit_softcap > 0) {
+      const float cap = c.final_logit_softcap;
+      for (int64_t i = 0; i < R * c.vocab; ++i)
+        out_logits[i] = cap * std::tanh(out_logits[i] / cap);
+    }
   }
 }
 

@@ -24,6 +24,13 @@ struct ModelConfig {
   int64_t vocab = 0;
   float eps = 1e-6f;
   int64_t sliding_window = 0;  // 0: full causal attention
+  // Per layer (empty: every layer alike): whether it attends within sliding_window (else fully)
+  std::vector<bool> layer_sliding;
+  std::vector<double> local_inv_freq;  // empty, or the RoPE of sliding layers (own base)
+  float attn_scale = 0.0f;     // score scale; 0: 1/sqrt(head_dim)
+  float embed_scale = 1.0f;    // token embeddings are multiplied by it (Gemma: sqrt(hidden))
+  bool sandwich_norms = false;  // norms on the attention and MLP outputs (Gemma 2/3)
+  float final_logit_softcap = 0.0f;  // logits = cap * tanh(logits / cap); 0: none
   int64_t max_tokens = 0;      // largest T of one forward call (buffers are sized for it)
   int64_t rotary_dim = 0;      // half-split RoPE on the first rotary_dim dims of each head
   std::vector<double> inv_freq;  // (rotary_dim/2,) RoPE inverse frequencies
@@ -41,6 +48,7 @@ struct LayerWeights {
   const float* mlp_norm = nullptr;   // (hidden,); null with a shared norm
   const float *attn_norm_b = nullptr, *mlp_norm_b = nullptr;  // LayerNorm biases (optional)
   const float *q_norm = nullptr, *k_norm = nullptr;  // (head_dim,) each, with qk_norm
+  const float *attn_out_norm = nullptr, *mlp_out_norm = nullptr;  // with sandwich_norms
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;  // optional biases
   const float *bgate = nullptr, *bup = nullptr, *bdown = nullptr;
 };
@@ -73,6 +81,9 @@ class NativeModel {
                const KVCache& cache, const int64_t* logit_rows, int64_t R, float* out_logits);
 
   const ModelConfig& config() const { return cfg_; }
+  int64_t window(int64_t layer) const {
+    return cfg_.layer_sliding.empty() || cfg_.layer_sliding[layer] ? cfg_.sliding_window : 0;
+  }
 
  private:
   void norm(const float* x, const float* w, const float* b, float* out, int64_t T);
@@ -99,6 +110,7 @@ class NativeModel {
   AlignedVector<float> up_;      // (M, intermediate)  up_proj
   AlignedVector<float> cos_;     // (M, rot / 2)       RoPE tables for this call's positions
   AlignedVector<float> sin_;     // (M, rot / 2)
+  AlignedVector<float> lcos_, lsin_;  // the same for local_inv_freq (sliding layers)
   AlignedVector<float> embed_row_;  // (embed.kp,)     one decoded embedding row
   AlignedVector<float> scores_;  // attention()'s scratch: scores, partial results (grown there)
   LinearScratch lin_;            // activations padding / quantization / decoded panels

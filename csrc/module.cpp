@@ -178,6 +178,11 @@ PyModel make_model(const ModelConfig& cfg, const py::list& layers, py::object em
     l.k_norm = vec_of(d, "k_norm", c.head_dim, pm.keep);
     if (c.qk_norm != (l.q_norm && l.k_norm))
       throw std::invalid_argument("q_norm, k_norm (head_dim,) go with qk_norm, and only then");
+    l.attn_out_norm = vec_of(d, "attn_out_norm", D, pm.keep);
+    l.mlp_out_norm = vec_of(d, "mlp_out_norm", D, pm.keep);
+    if (c.sandwich_norms != (l.attn_out_norm && l.mlp_out_norm))
+      throw std::invalid_argument(
+          "attn_out_norm, mlp_out_norm (hidden,) go with sandwich_norms, and only then");
     l.bq = vec_of(d, "bq", qd, pm.keep);
     l.bk = vec_of(d, "bk", kvd, pm.keep);
     l.bv = vec_of(d, "bv", kvd, pm.keep);
@@ -347,7 +352,13 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("gated", &ModelConfig::gated)
       .def_readwrite("act", &ModelConfig::act)
       .def_readwrite("max_positions", &ModelConfig::max_positions)
-      .def_readwrite("qk_norm", &ModelConfig::qk_norm);
+      .def_readwrite("qk_norm", &ModelConfig::qk_norm)
+      .def_readwrite("layer_sliding", &ModelConfig::layer_sliding)
+      .def_readwrite("local_inv_freq", &ModelConfig::local_inv_freq)
+      .def_readwrite("attn_scale", &ModelConfig::attn_scale)
+      .def_readwrite("embed_scale", &ModelConfig::embed_scale)
+      .def_readwrite("sandwich_norms", &ModelConfig::sandwich_norms)
+      .def_readwrite("final_logit_softcap", &ModelConfig::final_logit_softcap);
 
   py::class_<PyModel>(m, "NativeModel")
       .def(py::init(&make_model), py::arg("config"), py::arg("layers"), py::arg("embed"),

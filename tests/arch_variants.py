@@ -2,4 +2,4 @@
 parametrizing tests in any folder."""
 
 ARCH_VARIANTS = ["codegen", "gpt2", "gptj", "gpt_neox", "gpt_neox_sequential", "opt", "phi2",
-                 "phi3", "qwen3"]
+                 "phi3", "qwen3", "gemma3"]

@@ -74,6 +74,20 @@ TINY_VARIANTS: dict[str, tuple[str, dict, dict, str]] = {
     "phi3": ("Phi3Config", {"pad_token_id": 0}, {}, "float32"),
     # Qwen3 0.6B-like: QK-norm, GQA, head_dim (32) != hidden / heads (16), tied embeddings
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}, {}, "float32"),
+    # Gemma 3 270M-like: six layers, the last one global (the released 5:1 pattern), sliding
+    # window 8, QK-norm, sandwich norms, GeGLU, scaled embeddings, GQA, tied, head_dim 32
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 32, "num_hidden_layers": 6, "sliding_window": 8,
+                                    "query_pre_attn_scalar": 32}, {}, "float32"),
+    # the other knobs: attention scaled by query_pre_attn_scalar != head_dim, linear RoPE
+    # scaling on the global layers, a final logit soft cap, an explicit layer_types mix
+    "gemma3_scaled": ("Gemma3TextConfig", {
+        "head_dim": 32, "num_hidden_layers": 3, "sliding_window": 8, "query_pre_attn_scalar": 24,
+        "final_logit_softcapping": 3.0,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                               "rope_theta": 1e6},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+        {}, "float32"),
 }
 _GPT_SIZES = dict(n_embd=64, n_layer=2, n_head=4, n_positions=512)
 # config classes whose size keys differ from TINY_SIZES
@@ -432,7 +446,7 @@ GGUF_ARCH_VARIANTS = {"gpt2": ("gpt2", {}), "gpt_neox": ("gptneox", {}),
                       "gpt_neox_sequential": ("gptneox", {"hidden_act": "gelu"}),
                       "phi2": ("phi2", {"intermediate_size": 256, "num_key_value_heads": 4}),
                       "phi3": ("phi3", {}), "qwen3": ("qwen3", {}), "qwen2_5": ("qwen2", {}),
-                      "llama3_rope": ("llama", {})}
+                      "llama3_rope": ("llama", {}), "gemma3": ("gemma3", {})}
 
 
 def llama3_rope_factors(hp: dict) -> np.ndarray:
@@ -501,6 +515,17 @@ def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
         w.add_head_count(hp["num_attention_heads"])
         w.add_parallel_residual(hp.get("use_parallel_residual", True))
         w.add_layer_norm_eps(hp["layer_norm_eps"])
+    elif arch == "gemma3":  # Gemma3Model.set_gguf_parameters
+        w.add_context_length(hp["max_position_embeddings"])
+        w.add_embedding_length(hp["hidden_size"])
+        w.add_feed_forward_length(hp["intermediate_size"])
+        w.add_head_count(hp["num_attention_heads"])
+        w.add_head_count_kv(hp["num_key_value_heads"])
+        w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+        w.add_key_length(hp["head_dim"])
+        w.add_value_length(hp["head_dim"])
+        w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+        w.add_sliding_window(hp["sliding_window"])
     elif arch in ("llama", "qwen2", "qwen3"):  # TextModel.set_gguf_parameters (+ LlamaModel's)
         w.add_context_length(hp["max_position_embeddings"])
         w.add_embedding_length(hp["hidden_size"])
@@ -546,6 +571,8 @@ def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = n_head if "q_proj" in name else config.num_key_value_heads
             t = torch.from_numpy(_llama_cpp_permute(t.numpy(), heads))
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            t = t + 1  # Gemma3Model.modify_tensors: llama.cpp's RMSNorm multiplies by w alone
         gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gname is not None, name
         w.add_tensor(gname, np.ascontiguousarray(t.float().numpy()))

@@ -250,7 +250,7 @@ class SequentialCompressor:
         positions = np.tile(np.arange(s), n)
         x = model.embed_tokens(self.samples.reshape(-1), positions,
                                self.tensors[embed + ".weight"]).astype(CALIBRATION_DTYPE)
-        rope = tuple(t.astype(CALIBRATION_DTYPE) for t in model.rope_tables(positions))
+        rope = model.rope_tables(positions, CALIBRATION_DTYPE)
         attend = self._attend(model, n, s)
         for i in range(a.num_hidden_layers):
             start = time.perf_counter()
@@ -278,7 +278,7 @@ class SequentialCompressor:
                 rows = slice(j * s, (j + 1) * s)
                 out[rows] = attention(q[rows], k[rows].transpose(1, 0, 2),
                                       v[rows].transpose(1, 0, 2), positions,
-                                      model.attention_scale, a.sliding_window).reshape(s, -1)
+                                      a.scale, a.window(layer)).reshape(s, -1)
             return out
 
         return attend

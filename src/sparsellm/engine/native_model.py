@@ -36,6 +36,7 @@ _VECTORS = {"attn_norm": "input_layernorm.weight", "attn_norm_b": "input_layerno
             "mlp_norm": "post_attention_layernorm.weight",
             "mlp_norm_b": "post_attention_layernorm.bias",
             "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
+            "attn_out_norm": "attn_output_norm.weight", "mlp_out_norm": "mlp_output_norm.weight",
             **{f"b{k}": f"{base}.bias" for k, base in _LINEAR.items()}}
 
 
@@ -53,6 +54,7 @@ class NativeDecoderModel:
         max_tokens: int = 512,
         on_packed: Callable[[], object] | None = None,
         num_threads: int | None = None,
+        embed_format: str | None = None,
     ):
         """formats: one format for every linear weight, or {canonical name: format} (names
         missing from the dict stay fp32). masks: {name: kept-weights bool mask} for sparse
@@ -61,7 +63,10 @@ class NativeDecoderModel:
         tokens per native call; longer batches are split into chunks. on_packed: called after
         each linear weight is packed (progress). num_threads: this model's own thread count,
         for packing and for every forward (None: the process default, `set_num_threads`);
-        another model in the same process may use a different one, even at the same time."""
+        another model in the same process may use a different one, even at the same time.
+        embed_format: the format token lookups decode the embedding table from (None: the
+        float format it is stored in); a tied lm_head in that format is the same packed weight
+        (engine/weights.py embedding_format)."""
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {num_threads}")
         self._threads = num_threads
@@ -89,10 +94,16 @@ class NativeDecoderModel:
                 in_place.add(id(p))
             return p
 
-        # The embedding table runs in the float format it is stored in (rows are decoded at
-        # lookup); a tied lm_head in that same format is the same packed weight.
+        # The embedding table runs in the float format it is stored in, or in embed_format
+        # (rows are decoded at lookup); a tied lm_head in that same format is the same packed
+        # weight.
         stored_embed = tensors[EMBEDDING]
-        embed = pack_from(stored_embed, float_format(stored_embed.dtype))
+        embed_fmt = embed_format or float_format(stored_embed.dtype)
+        head = packed.get("lm_head.weight")
+        if "lm_head.weight" not in tensors and head is not None and head.format == embed_fmt:
+            embed = head
+        else:
+            embed = pack_from(stored_embed, embed_fmt)
 
         def pack_one(name: str) -> PackedWeight:
             fmt = formats.get(name, "fp32")
@@ -148,6 +159,16 @@ class NativeDecoderModel:
         config.act = native().Activation.__members__[args.activation]
         config.max_positions = 0 if pos_embed is None else pos_embed.shape[0]
         config.qk_norm = args.qk_norm
+        if args.layer_types is not None:
+            config.layer_sliding = [args.window(i) is not None
+                                    for i in range(args.num_hidden_layers)]
+        if args.local_rope_theta is not None:
+            config.local_inv_freq = [float(f) for f in rope_inv_freq(args.rotary_dim,
+                                                                     args.local_rope_theta)]
+        config.attn_scale = args.scale
+        config.embed_scale = args.embed_scale
+        config.sandwich_norms = args.sandwich_norms
+        config.final_logit_softcap = args.final_logit_softcap or 0.0
         self._tensors = tensors
         self._model = native().NativeModel(
             config, layers, embed.native(), pos_embed, vec("model.norm.weight"),

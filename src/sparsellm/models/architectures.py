@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import gpt2, gpt_neox, gptj, llama, opt, phi, qwen3
+from . import gemma3, gpt2, gpt_neox, gptj, llama, opt, phi, qwen3
 from .decoder import ModelArgs
 
 Tensors = dict[str, np.ndarray]
@@ -68,6 +68,11 @@ ARCHITECTURES = [
         llama.from_hf, ("qwen3",),
         GGUFSpec(llama.gguf_config, qwen3.GGUF_TENSOR_NAMES, llama.from_gguf, lazy=True),
         canonical_hf_names=True,
+    ),
+    Architecture(
+        "gemma3", "Gemma 3 (text; sliding-window and global layers, QK-norm, sandwich norms)",
+        ("Gemma3ForCausalLM",), gemma3.model_args, gemma3.from_hf, ("gemma3",),
+        GGUFSpec(gemma3.gguf_config, gemma3.GGUF_TENSOR_NAMES, gemma3.from_gguf, lazy=True),
     ),
     Architecture("gpt2", "GPT-2, DistilGPT2", ("GPT2LMHeadModel",), gpt2.model_args,
                  gpt2.from_hf, ("gpt2",),

@@ -11,6 +11,7 @@ Canonical tensors ("{i}" is the layer index; `?` = present only when the spec sa
     model.layers.{i}.post_attention_layernorm.weight / .bias ?    (not with a shared norm)
     model.layers.{i}.self_attn.{q,k,v,o}_proj.weight / .bias ?
     model.layers.{i}.self_attn.{q,k}_norm.weight ?               (head_dim,)  with qk_norm
+    model.layers.{i}.{attn,mlp}_output_norm.weight ?             with sandwich_norms
     model.layers.{i}.mlp.gate_proj.weight / .bias ?               (gated MLPs only)
     model.layers.{i}.mlp.{up,down}_proj.weight / .bias ?
     model.norm.weight / .bias ?
@@ -32,6 +33,7 @@ from .rope import rope_inv_freq
 NORMS = ("rms", "layer")
 RESIDUALS = ("sequential", "parallel", "parallel_two_norms")
 MLPS = ("gated", "plain")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 ROW_CHUNK = 8192  # tokens per MLP matmul chunk (bounds (tokens, intermediate) buffers)
 
 
@@ -71,6 +73,16 @@ class ModelArgs:
     # RMSNorm over head_dim of every query and key head (own weights for q and k, the model's
     # norm_eps), after the projections and before RoPE (Qwen3)
     qk_norm: bool = False
+    # Per-layer attention (Gemma 3): None = every layer alike (all within sliding_window, or
+    # all full); else "full_attention" or "sliding_attention" for each layer
+    layer_types: list[str] | None = None
+    local_rope_theta: float | None = None  # RoPE base of sliding layers (None: rope_theta)
+    attention_scale: float | None = None  # None: 1/sqrt(head_dim)
+    embed_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(hidden))
+    # Norms on the attention and MLP outputs too, before each residual add (Gemma 2/3):
+    # x += attn_output_norm(attn(n1(x))); x += mlp_output_norm(mlp(n2(x)))
+    sandwich_norms: bool = False
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
 
@@ -89,6 +101,15 @@ class ModelArgs:
         if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
             raise ValueError(f"rotary_dim ({self.rotary_dim}) must be even and in "
                              f"[0, head_dim={self.head_dim}]")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= \
+                    set(LAYER_TYPES):
+                raise ValueError(f"layer_types must name one of {', '.join(LAYER_TYPES)} for "
+                                 f"each of the {self.num_hidden_layers} layers")
+            if "sliding_attention" in self.layer_types and not self.sliding_window:
+                raise ValueError("sliding_attention layers need a sliding_window")
+        if self.sandwich_norms and self.residual != "sequential":
+            raise ValueError("sandwich_norms need the sequential residual")
         for key, value, accepted in (("norm", self.norm, NORMS),
                                      ("residual", self.residual, RESIDUALS),
                                      ("mlp", self.mlp, MLPS),
@@ -101,6 +122,21 @@ class ModelArgs:
     def shared_norm(self) -> bool:
         return self.residual == "parallel"
 
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s attention window (None: full causal attention)."""
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window or None
+        return None
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether layer `layer` rotates with local_rope_theta (a sliding layer, when set)."""
+        return self.local_rope_theta is not None and self.window(layer) is not None
+
+    @property
+    def scale(self) -> float:
+        """Attention score scale."""
+        return self.attention_scale or 1.0 / math.sqrt(self.head_dim)
+
 
 def layer_weight_names(args: ModelArgs, i: int) -> list[str]:
     """Canonical names of layer i's tensors."""
@@ -112,6 +148,8 @@ def layer_weight_names(args: ModelArgs, i: int) -> list[str]:
     names += [p + f"self_attn.{n}_proj.weight" for n in "qkvo"]
     if args.qk_norm:
         names += [p + f"self_attn.{n}_norm.weight" for n in "qk"]
+    if args.sandwich_norms:
+        names += [p + f"{n}_output_norm.weight" for n in ("attn", "mlp")]
     if args.qkv_bias:
         names += [p + f"self_attn.{n}_proj.bias" for n in "qkv"]
     if args.o_bias:
@@ -160,6 +198,8 @@ class Linears:
         return x @ self.layers[layer][module + ".weight"].T
 
 
+# (cos, sin) of the global RoPE, then of the local one (DecoderModel.rope_tables)
+Rope = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 # attend(layer, q (T, H, hd), k (T, KV, hd), v (T, KV, hd)) -> (T, H * hd); RoPE already applied
 Attend = Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
@@ -201,7 +241,8 @@ class DecoderModel:
         self.layers = [_LayerTensors(tensors, args, i) for i in range(args.num_hidden_layers)]
         self.inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
                                       tensors.get("rope_freqs.weight"))
-        self.attention_scale = 1.0 / math.sqrt(args.head_dim)
+        self.local_inv_freq = None if args.local_rope_theta is None else \
+            rope_inv_freq(args.rotary_dim, args.local_rope_theta)
         self.linears = Linears(self.layers)
 
     @property
@@ -210,15 +251,22 @@ class DecoderModel:
         return sum(t.nbytes for layer in self.layers for t in layer.values()) + \
             self.norm.nbytes + self.lm_head.nbytes
 
-    def rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """-> cos, sin: (T, rotary_dim / 2)."""
-        angles = positions.astype(np.float64)[:, None] * self.inv_freq[None, :]
-        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    def rope_tables(self, positions: np.ndarray, dtype: type = np.float32) -> Rope:
+        """-> (cos, sin) of the global RoPE and of the local one (sliding layers with their
+        own base; else the global one again), each (T, rotary_dim / 2)."""
+        def tables(inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+            return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+        glob = tables(self.inv_freq)
+        return glob, glob if self.local_inv_freq is None else tables(self.local_inv_freq)
 
     def embed_tokens(self, tokens: np.ndarray, positions: np.ndarray,
                      embed: np.ndarray | None = None) -> np.ndarray:
         """(T,) ids at (T,) positions -> (T, hidden) fp32 (embed: another token table)."""
         x = (self.embed if embed is None else embed)[tokens].astype(np.float32)
+        if self.args.embed_scale != 1.0:
+            x *= np.float32(self.args.embed_scale)
         if self.pos_embed is not None:
             if positions.size and positions.max() >= self.pos_embed.shape[0]:
                 raise IndexError(f"position {int(positions.max())} beyond the "
@@ -239,11 +287,11 @@ class DecoderModel:
         out = self.final_norm(x) @ self.lm_head.T
         if self.lm_head_bias is not None:
             out += self.lm_head_bias
-        return out.astype(np.float32, copy=False)
+        return softcap(out.astype(np.float32, copy=False), self.args.final_logit_softcap)
 
-    def layer(self, i: int, x: np.ndarray, rope: tuple[np.ndarray, np.ndarray], attend: Attend,
+    def layer(self, i: int, x: np.ndarray, rope: Rope, attend: Attend,
               linears: Linears | None = None) -> np.ndarray:
-        """Decoder layer i: x (T, hidden) -> (T, hidden); rope: this batch's (cos, sin)."""
+        """Decoder layer i: x (T, hidden) -> (T, hidden); rope: this batch's rope_tables."""
         a = self.args
         w = self.layers[i]
         lin = linears or self.linears
@@ -258,7 +306,7 @@ class DecoderModel:
         h = self._norm(x, w, "input_layernorm")
         qkv = [f"self_attn.{n}_proj" for n in "qkv"]
         lin.prepare(i, qkv, h)
-        cos, sin = rope
+        cos, sin = rope[a.local_rope(i)]
         q = linear(qkv[0], h).reshape(T, H, hd)
         k = linear(qkv[1], h).reshape(T, KV, hd)
         if a.qk_norm:
@@ -271,10 +319,13 @@ class DecoderModel:
         lin.prepare(i, ["self_attn.o_proj"], att)
         att = linear("self_attn.o_proj", att)
         if a.residual == "sequential":
+            if a.sandwich_norms:
+                att = self._norm(att, w, "attn_output_norm")
             x = x + att
             del att
             h = self._norm(x, w, "post_attention_layernorm")
-            return x + self._mlp(i, h, lin, linear)
+            out = self._mlp(i, h, lin, linear)
+            return x + (self._norm(out, w, "mlp_output_norm") if a.sandwich_norms else out)
         if a.residual == "parallel_two_norms":
             h = self._norm(x, w, "post_attention_layernorm")
         return x + att + self._mlp(i, h, lin, linear)
@@ -330,7 +381,7 @@ class DecoderModel:
                 end = positions[stop - 1] + 1
                 out[start:stop] = attention(
                     q[start:stop], k_cache[li, slot, :, :end], v_cache[li, slot, :, :end],
-                    positions[start:stop], self.attention_scale, a.sliding_window,
+                    positions[start:stop], a.scale, a.window(li),
                 )
             return out.reshape(T, -1)
 
@@ -339,6 +390,15 @@ class DecoderModel:
         for li in range(a.num_hidden_layers):
             x = self.layer(li, x, rope, attend)
         return self.logits(x[logit_rows])
+
+
+def softcap(logits: np.ndarray, cap: float | None) -> np.ndarray:
+    """cap * tanh(logits / cap) (Gemma 2's final logit soft cap), in place; logits if None."""
+    if cap:
+        logits /= np.float32(cap)
+        np.tanh(logits, out=logits)
+        logits *= np.float32(cap)
+    return logits
 
 
 def _slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
