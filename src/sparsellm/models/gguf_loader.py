@@ -14,17 +14,20 @@ from ..tokenizer import Tokenizer
 from .architectures import GGUFSpec, find_architecture
 from .checkpoint import Checkpoint, check_tensors
 from .convert import expand
+from .gguf_reader import GGUFFile, GGUFTensor
 from .lazy import LazyTensors, transform_each
-from .safetensors_io import INTERRUPTED
+
+# Float types _stored gives as views of the file, in the dtype each has there, by their
+# gguf.GGMLQuantizationType code (F32, F16, BF16: gguf is imported once a file is opened).
+_FLOAT_TYPES = {0: np.dtype(np.float32), 1: np.dtype(np.float16), 30: BFLOAT16}
 
 
-def read_gguf_metadata(reader: Any) -> dict[str, Any]:
-    meta = {}
-    for key, fld in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        meta[key] = fld.contents()
-    return meta
+def read_gguf_metadata(reader: GGUFFile | Any) -> dict[str, Any]:
+    """The key/values of a GGUFFile (or of a `gguf.GGUFReader`), without the GGUF.* header."""
+    if isinstance(reader, GGUFFile):
+        return dict(reader.metadata)
+    return {key: fld.contents() for key, fld in reader.fields.items()
+            if not key.startswith("GGUF.")}
 
 
 def gguf_config(meta: dict[str, Any], arch_name: str, tensor_names: set[str],
@@ -45,41 +48,11 @@ def gguf_config(meta: dict[str, Any], arch_name: str, tensor_names: set[str],
     return config
 
 
-def open_gguf(path: Path) -> Any:
-    """A GGUFReader over `path`, or a ValueError naming the file and what is wrong with it (a
-    wrong magic, a header or tensor data cut short) instead of a NumPy error from inside."""
-    import gguf
-
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-
-    header_read = False
-
-    class CheckedReader(gguf.GGUFReader):
-        def _build_tensors(self, start_offs: int, fields: list) -> None:
-            nonlocal header_read
-            header_read = True
-            size = len(self.data)
-            for field in fields:  # each tensor's data must lie inside the file
-                _, name, _, dims, kind, offset = field.parts
-                block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind[0])]
-                end = int(start_offs + offset[0]) + int(np.prod(dims)) * type_size // block
-                if end > size:
-                    raise ValueError(f"{path}: truncated: tensor {bytes(name).decode()} ends at "
-                                     f"byte {end} but the file has {size} bytes {INTERRUPTED}")
-            super()._build_tensors(start_offs, fields)
-
-    try:
-        return CheckedReader(str(path))
-    except (ValueError, IndexError) as e:
-        if str(e).startswith(f"{path}:"):
-            raise
-        if header_read:
-            raise ValueError(f"{path}: corrupt GGUF tensor table ({e})") from None
-        raise ValueError(f"{path}: truncated GGUF header: the metadata runs past the end of the "
-                         f"file ({path.stat().st_size} bytes; {INTERRUPTED[1:]}") from None
+def open_gguf(path: Path) -> GGUFFile:
+    """The header, metadata and tensor table of `path`, its tensors memory-mapped, or a
+    ValueError naming the file and what is wrong with it (a wrong magic, a header or tensor
+    data cut short, a corrupt tensor table)."""
+    return GGUFFile(path)
 
 
 def load_gguf(path: Path) -> Checkpoint:
@@ -120,28 +93,20 @@ def load_gguf(path: Path) -> Checkpoint:
     )
 
 
-def _stored(t: Any) -> np.ndarray:
+def _stored(t: GGUFTensor) -> np.ndarray:
     """One GGUF tensor in (rows, cols) order: float types as views of the file in their own
     dtype, quantized types dequantized to fp32."""
+    if t.tensor_type in _FLOAT_TYPES:
+        return t.data
     import gguf
 
-    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
-    kind = gguf.GGMLQuantizationType
-    if t.tensor_type in (kind.F32, kind.F16):
-        return np.asarray(t.data).reshape(shape)
-    if t.tensor_type == kind.BF16:
-        return np.asarray(t.data).reshape(-1).view(np.uint8).view(BFLOAT16).reshape(shape)
     w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-    return np.ascontiguousarray(w.reshape(shape))
+    return np.ascontiguousarray(w.reshape(t.shape))
 
 
-def _stored_dtype(t: Any) -> np.dtype:
+def _stored_dtype(t: GGUFTensor) -> np.dtype:
     """The dtype _stored(t) returns, without reading t."""
-    import gguf
-
-    kind = gguf.GGMLQuantizationType
-    return {kind.F16: np.dtype(np.float16), kind.BF16: BFLOAT16}.get(t.tensor_type,
-                                                                    np.dtype(np.float32))
+    return _FLOAT_TYPES.get(t.tensor_type, np.dtype(np.float32))
 
 
 def _float32(name: str, t: np.ndarray) -> np.ndarray:
