@@ -3,6 +3,7 @@ subprocess. (Named test_cli_commands.py: tests/evaluation/test_cli.py owns the b
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -121,8 +122,7 @@ def test_models_says_missing_with_the_install_hint(monkeypatch, capsys):
     from sparsellm.models.registry import MODELS
 
     model = MODELS["smollm2-135m-instruct"]
-    monkeypatch.setitem(MODELS, model.name, type(model)(model.name, model.description,
-                                                          model.install_hint, lambda: None))
+    monkeypatch.setitem(MODELS, model.name, dataclasses.replace(model, locate=lambda: None))
     assert command.main(argparse.Namespace(architectures=False)) == 0
     lines = capsys.readouterr().out.splitlines()
     row = next(i for i, line in enumerate(lines) if line.startswith("smollm2-135m-instruct "))

@@ -212,6 +212,6 @@ def test_stale_layout_version_invalidates(bf16_model, tmp_path, monkeypatch):
 
 
 def test_weights_cache_dir_follows_the_environment(weights_cache_dir):
-    from sparsellm.engine.weight_cache import default_cache_dir
+    from sparsellm.cache_dir import default_cache_dir
 
     assert default_cache_dir() == weights_cache_dir == Path(os.environ["SPARSELLM_CACHE_DIR"])

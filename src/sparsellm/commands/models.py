@@ -22,7 +22,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"{'name':<24} {'status':<10} description")
     for m in MODELS.values():
-        path = m.locate()
+        path = m.locate() if m.installed else None
         status = "installed" if path else "missing"
         print(f"{m.name:<24} {status:<10} {m.description}")
         print(f"{'':<24} {'':<10} {path if path else 'install: ' + m.install_hint}")

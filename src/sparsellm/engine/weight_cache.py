@@ -31,23 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cache_dir import default_cache_dir
 from ..kernels.formats import LAYOUT_VERSION, PackedWeight
 from ..models.safetensors_io import map_file
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"SLWCACHE"
-CACHE_DIR_ENV = "SPARSELLM_CACHE_DIR"
 _ALIGN = 64
 _DATA_ALIGN = 4096
-
-
-def default_cache_dir() -> Path:
-    """$SPARSELLM_CACHE_DIR, else $XDG_CACHE_HOME/sparsellm, else ~/.cache/sparsellm."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(xdg) / "sparsellm"
 
 
 def cache_dir_of(setting: str | Path | bool | None) -> Path | None:

