@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 SUBCOMMANDS = {
@@ -33,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "serve":  # the server configures its own logging
+        # What the library notes for the user (e.g. which format a GGUF's quantized tensors
+        # run in) goes to stderr, one line each.
+        logging.basicConfig(level=logging.WARNING, format="note: %(message)s")
+        logging.getLogger("sparsellm").setLevel(logging.INFO)
     try:
         return args.run(args)
     except KeyboardInterrupt:

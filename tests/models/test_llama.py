@@ -20,9 +20,10 @@ FP32_VARIANTS = ["llama", "llama_tied", "llama_attn_bias", "llama_head_dim", "ll
                  "qwen2_5", "qwen2_swa"]
 
 
-def our_logits(folder_or_checkpoint, ids: list[int], chunk: int = 64) -> np.ndarray:
+def our_logits(folder_or_checkpoint, ids: list[int], chunk: int = 64,
+               weights: str | None = None) -> np.ndarray:
     engine = Engine(folder_or_checkpoint, sequence_length=len(ids) + 1,
-                    prompt_processing_sequence_length=chunk)
+                    prompt_processing_sequence_length=chunk, weights=weights)
     return engine.prefill(engine.add_sequence(), ids, all_logits=True)
 
 
@@ -163,6 +164,13 @@ def test_smollm2_gguf_logits_match_transformers(smollm2_checkpoint, smollm2_hf_m
     assert smollm2_checkpoint.tokenizer.encode(text) == ids
     with torch.no_grad():
         ref = smollm2_hf_model(torch.tensor([ids])).logits[0].numpy()
-    ours = our_logits(smollm2_checkpoint, ids, chunk=16)
+    # fp32: the file's exact values, as transformers dequantizes them
+    ours = our_logits(smollm2_checkpoint, ids, chunk=16, weights="fp32")
     assert np.abs(ref).max() > 5
     np.testing.assert_allclose(ours, ref, atol=TOL, rtol=0)
+    # By default the Q4_1 tensors run as int8 per output channel (gguf_formats.py): within
+    # the requantization's error of the same logits, and the same next token nearly always.
+    default = our_logits(smollm2_checkpoint, ids, chunk=16)
+    rms = np.sqrt(np.mean((default - ref) ** 2) / np.mean(ref ** 2))
+    assert 1e-3 < rms < 0.05, rms  # measured: 0.033 (max |error| 2.3 of max |logit| 42)
+    assert np.mean(default.argmax(-1) == ref.argmax(-1)) >= 0.9

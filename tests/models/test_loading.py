@@ -126,7 +126,7 @@ def test_gguf_logits_match_transformers_gguf_loader(qtype, tiny_gguf, token_ids)
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     ids = [1, *token_ids(60, seed=4)]
-    engine = Engine(ck, sequence_length=64)
+    engine = Engine(ck, sequence_length=64, weights="fp32")  # the file's values, exactly
     ours = engine.prefill(engine.add_sequence(), ids, all_logits=True)
     with torch.no_grad():
         ref = ref_model(torch.tensor([ids])).logits[0].numpy()
@@ -207,7 +207,7 @@ def test_missing_file(tmp_path):
 def test_unknown_registry_name():
     with pytest.raises(FileNotFoundError,
                        match=r"model path 'smollm9-1t' does not exist.*registry name "
-                             r"\(smollm2-135m-instruct; see `sparsellm models`\)"):
+                             r"\(smollm2-135m-instruct, gemma-3-270m; see `sparsellm models`\)"):
         load_checkpoint("smollm9-1t")
 
 

@@ -27,12 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import logging
-
     from ..compression import compress
 
-    logging.basicConfig(level=logging.INFO, format="note: %(message)s")
-    logging.getLogger("sparsellm").setLevel(logging.INFO)
     result = compress(
         model=args.model,
         dataset=args.dataset,

@@ -21,7 +21,13 @@ from .kv_cache import KVCache
 from .memory_check import check_fits
 from .native_model import NativeDecoderModel
 from .weight_cache import WeightCache, cache_dir_of
-from .weights import declared_packed, native_sources, reference_tensors, weight_formats
+from .weights import (
+    declared_packed,
+    embedding_format,
+    native_sources,
+    reference_tensors,
+    weight_formats,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +147,7 @@ class Engine:
             model = NativeDecoderModel(
                 self.args, native_sources(ckpt, self.formats), self.formats,
                 max_tokens=max_tokens, on_packed=lambda: bar.update(1),
-                num_threads=self.num_cores,
+                num_threads=self.num_cores, embed_format=embedding_format(ckpt, self.formats),
                 packed=cached if cached is not None else declared_packed(ckpt, self.formats))
         if cache is not None and cached is None and model.converted and \
                 cache.save(model.converted):

@@ -71,6 +71,19 @@ def native_sources(checkpoint: Checkpoint, formats: dict[str, str]) -> LazyTenso
                         for name in checkpoint.stored})
 
 
+def embedding_format(checkpoint: Checkpoint, formats: dict[str, str]) -> str | None:
+    """The packed format token lookups decode the embedding table from, or None for the
+    table's stored float values. A table the checkpoint stores quantized (a GGUF Q8_0
+    token_embd) and ties to an integer lm_head is looked up in the head's packed rows: one copy
+    of what is often the model's largest tensor (Gemma 3 270M: 168M of 268M weights), not an
+    fp32 one beside it."""
+    head = formats.get("lm_head.weight")
+    if EMBEDDING not in checkpoint.weight_formats or "lm_head.weight" in checkpoint.tensors or \
+            head is None or parse_format(head).kind in ("fp32", "fp16", "bf16"):
+        return None
+    return head
+
+
 def _stored_as(checkpoint: Checkpoint, name: str) -> str:
     """A tied lm_head is stored as the embedding table."""
     return EMBEDDING if name == "lm_head.weight" and name not in checkpoint.tensors else name
@@ -108,4 +121,7 @@ def reference_tensors(
     for name, fmt in formats.items():
         if fmt != "fp32" and name not in packed:  # a tied lm_head packs the embedding
             packed[name] = pack(tensors[name if name in tensors else EMBEDDING], fmt)
-    return with_dequantized(tensors, packed)
+    out = with_dequantized(tensors, packed)
+    if embedding_format(checkpoint, formats) is not None:
+        out[EMBEDDING] = out["lm_head.weight"]  # lookups decode the tied head's packed rows
+    return out

@@ -1,8 +1,10 @@
 """GGUF files: metadata -> HF-style config, tensors with canonical names: float tensors (F32,
-F16, BF16) as memory-mapped views in their own dtype, quantized ones dequantized to fp32."""
+F16, BF16) as memory-mapped views in their own dtype, quantized ones dequantized to fp32 at each
+access and declared in the native format they run in (gguf_formats.py)."""
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -14,8 +16,12 @@ from ..tokenizer import Tokenizer
 from .architectures import GGUFSpec, find_architecture
 from .checkpoint import Checkpoint, check_tensors
 from .convert import expand
+from .formats import QuantizedTensor, WeightFormat
+from .gguf_formats import DECLARED, check_type, q4_0_integers, summary
 from .gguf_reader import GGUFFile, GGUFTensor
 from .lazy import LazyTensors, transform_each
+
+logger = logging.getLogger(__name__)
 
 # Float types _stored gives as views of the file, in the dtype each has there, by their
 # gguf.GGMLQuantizationType code (F32, F16, BF16: gguf is imported once a file is opened).
@@ -69,6 +75,9 @@ def load_gguf(path: Path) -> Checkpoint:
     if unexpected:
         raise ValueError(f"{path}: unexpected tensor {unexpected[0]!r} for architecture "
                          f"{arch_name}")
+    types = {name_map[t.name]: t.tensor_type.name for t in reader.tensors}
+    for t in reader.tensors:
+        check_type(t.tensor_type.name, t.name, path)
     # Read (and dequantized) at each access from the memory-mapped file, like safetensors.
     raw = LazyTensors({name_map[t.name]: partial(_stored, t) for t in reader.tensors})
     if arch.gguf.lazy:
@@ -79,6 +88,20 @@ def load_gguf(path: Path) -> Checkpoint:
         stored, dtypes = None, {}
         tensors = arch.gguf.convert({n: as_float32(t) for n, t in raw.items()}, args, arch_name)
     check_tensors(tensors, args, str(path))
+    # Quantized 2-D weights run in their nearest native format (the declared one), Q4_0 from
+    # its exact integers; a fused tensor split at load (lazy=False) runs as its float values.
+    quantized_2d = {name_map[t.name]: t for t in reader.tensors
+                    if t.tensor_type.name in DECLARED and len(t.shape) == 2}
+    formats: dict[str, WeightFormat] = {}
+    if arch.gguf.lazy:
+        formats = {n: DECLARED[t.tensor_type.name] for n, t in quantized_2d.items()}
+        note = summary({n: types[n] for n in formats})
+        if note:
+            logger.info("%s: %s", path.name, note)
+    exact = LazyTensors({n: partial(_integers, t, n, partial(arch.gguf.convert, args=args,
+                                                             arch=arch_name))
+                         for n, t in quantized_2d.items()
+                         if n in formats and t.tensor_type.name == "Q4_0"})
     return Checkpoint(
         path=path,
         format="gguf",
@@ -87,10 +110,20 @@ def load_gguf(path: Path) -> Checkpoint:
         tensors=tensors,
         tokenizer=Tokenizer.from_gguf_metadata(meta),
         generation_config={},
+        weight_formats=formats,
+        quantized=exact,
         stored=stored,
         stored_dtypes=dtypes,
         source_files=[path],
     )
+
+
+def _integers(t: GGUFTensor, name: str, convert: Any) -> QuantizedTensor:
+    """Q4_0's exact integers, with the architecture's row reordering (Llama's Q/K) applied to
+    the integers and the scales alike, as to the values."""
+    qt = q4_0_integers(t.data, t.shape)
+    qt.q, qt.scale = (convert({name: a})[name] for a in (qt.q, qt.scale))
+    return qt
 
 
 def _stored(t: GGUFTensor) -> np.ndarray:
