@@ -434,6 +434,15 @@ def tiny_gguf(tmp_path_factory) -> Callable[[str], tuple[Path, torch.nn.Module]]
 
 
 @pytest.fixture(scope="session")
+def spm_gguf():
+    """Parts for writing a GGUF by hand: (tokens, scores, types) of the made-up SentencePiece
+    vocabulary, add_vocab(writer) and finish(writer)."""
+    tokens, scores, types = build_spm_vocab()
+    return ((tokens, scores, types),
+            lambda w: _add_spm_vocab(w, tokens, scores, types, None), _finish_gguf)
+
+
+@pytest.fixture(scope="session")
 def gguf_writer():
     return write_tiny_llama_gguf
 

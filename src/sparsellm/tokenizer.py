@@ -24,6 +24,9 @@ _QWEN2_SPLIT = (
 )
 _DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "codeshell", "falcon"}
 _GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_BYTE = 3, 4, 6
+# Control tokens that close a chat turn (llama.cpp's end-of-generation names)
+_END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<|end_of_text|>",
+                "<|endoftext|>", "<EOT>")
 
 
 class Tokenizer:
@@ -144,7 +147,11 @@ class Tokenizer:
             pad_token=token("padding"),
             unk_token=token("unknown"),
             chat_template=meta.get("tokenizer.chat_template"),
-            extra_eos_tokens=[t for t in [token("eot")] if t],
+            # End-of-turn tokens end generation too, as in llama.cpp (its EOG set): the
+            # file's eot id, and the control tokens chat formats close a turn with
+            extra_eos_tokens=[t for t in [token("eot")] if t] + [
+                t for t, ty in zip(tokens, types, strict=True)
+                if ty == _GGUF_CONTROL and t in _END_OF_TURN],
         )
         self._ensure_special_rules(
             add_bos=meta.get("tokenizer.ggml.add_bos_token", kind == "llama"),

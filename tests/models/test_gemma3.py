@@ -105,3 +105,11 @@ def test_registry_name_assembles_the_packaged_file_once(weights_cache_dir, capsy
     row = next(i for i, line in enumerate(lines) if line.startswith("gemma-3-270m "))
     assert lines[row].split()[1] == "installed" and lines[row + 1].strip() == str(path)
     assert MODELS["gemma-3-270m"].installed
+
+
+def test_end_of_turn_ends_generation():
+    """Gemma's GGUF names <eos> as its EOS; a chat turn ends with the control token
+    <end_of_turn>, which ends generation too (as in llama.cpp)."""
+    ck = load_checkpoint("gemma-3-270m")
+    names = [ck.tokenizer._tok.id_to_token(i) for i in ck.eos_token_ids]
+    assert names == ["<eos>", "<end_of_turn>"]

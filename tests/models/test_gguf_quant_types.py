@@ -11,7 +11,6 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import _add_spm_vocab, _finish_gguf, build_spm_vocab
 from sparsellm.engine import Engine
 from sparsellm.kernels.reference import dequantize
 from sparsellm.models import load_checkpoint
@@ -46,10 +45,10 @@ def blocks(qtype: str, rows: int, rng: np.random.Generator) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def quant_files(tmp_path_factory):
+def quant_files(tmp_path_factory, spm_gguf):
     """qtype -> (path of a one-layer Llama GGUF whose 2-D weights are all `qtype`, {canonical
     name: the block bytes written})."""
-    tokens, scores, types = build_spm_vocab()
+    (tokens, _, _), add_vocab, finish = spm_gguf
     built = {}
 
     def get(qtype: str):
@@ -65,7 +64,7 @@ def quant_files(tmp_path_factory):
                            (w.add_rope_dimension_count, HIDDEN // 4),
                            (w.add_vocab_size, len(tokens))):
             add(value)
-        _add_spm_vocab(w, tokens, scores, types, None)
+        add_vocab(w)
         written = {}
         for gname, name in TENSORS.items():
             rows = len(tokens) if gname in ("token_embd.weight", "output.weight") else HIDDEN
@@ -74,7 +73,7 @@ def quant_files(tmp_path_factory):
                                                                  qtype))
         for gname in ("output_norm.weight", "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"):
             w.add_tensor(gname, (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
-        _finish_gguf(w)
+        finish(w)
         built[qtype] = path, written
         return built[qtype]
 
@@ -129,19 +128,19 @@ def test_q4_0_integers_are_exact():
                                   gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0))
 
 
-def test_unsupported_type_is_refused_by_name(tmp_path):
-    tokens, scores, types = build_spm_vocab()
+def test_unsupported_type_is_refused_by_name(tmp_path, spm_gguf):
+    (tokens, _, _), add_vocab, finish = spm_gguf
     path = tmp_path / "iq.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
     w.add_embedding_length(HIDDEN)
     w.add_feed_forward_length(HIDDEN)
     w.add_head_count(4)
-    _add_spm_vocab(w, tokens, scores, types, None)
+    add_vocab(w)
     kind = gguf.GGMLQuantizationType.TQ2_0
     w.add_tensor("token_embd.weight", gguf.quants.quantize(
         np.zeros((len(tokens), HIDDEN), np.float32), kind), raw_dtype=kind)
-    _finish_gguf(w)
+    finish(w)
     with pytest.raises(ValueError, match=r"token_embd.weight' is stored as TQ2_0.*supported "
                                          r"GGUF types: F32, F16, BF16, Q4_0"):
         load_checkpoint(path)

@@ -170,8 +170,9 @@ class EvalSettings:
     def result_header(self, checkpoint: Checkpoint, samples: int, start: float
                       ) -> dict[str, Any]:
         """The EvaluationResult fields every result has."""
-        return dict(model=self.model, format=format_name(checkpoint), dataset=self.dataset,
-                    samples=samples, seconds=round(time.perf_counter() - start, 3),
+        return dict(model=self.model, format=format_name(checkpoint, self.weights),
+                    dataset=self.dataset, samples=samples,
+                    seconds=round(time.perf_counter() - start, 3),
                     limit=self.limit, sequence_length=self.sequence_length,
                     batch_size=self.batch_size)
 
@@ -246,9 +247,10 @@ def evaluate_humaneval(
     )
 
 
-def format_name(checkpoint: Checkpoint) -> str:
-    """Container and weight formats: "gguf:fp32" (dequantized), "safetensors:sparse_int8", ..."""
-    names = sorted({f.name for f in checkpoint.weight_formats.values()})
+def format_name(checkpoint: Checkpoint, weights: str | None = None) -> str:
+    """Container and weight formats: "gguf:int8" (a quantized GGUF's declared format),
+    "safetensors:sparse_int8", "safetensors:fp32", or the `weights` every tensor is run in."""
+    names = [weights] if weights else sorted({f.name for f in checkpoint.weight_formats.values()})
     return f"{checkpoint.format}:{'+'.join(names) if names else 'fp32'}"
 
 
