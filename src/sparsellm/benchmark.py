@@ -20,6 +20,7 @@ import numpy as np
 from .datasets import load_texts
 from .engine import Engine
 from .generation import BatchGenerator, GenerationConfig, GenerationRequest
+from .generation.drafters import draft_engine
 from .models import load_checkpoint
 
 SCENARIOS = ("sync", "async")
@@ -379,8 +380,8 @@ def benchmark_speculative(
     length = input_ids_length + generated_tokens
     engine = Engine(checkpoint, sequence_length=length, num_cores=num_cores, weights=weights,
                     kv_cache_dtype=kv_cache_dtype)
-    draft = Engine(draft_model, sequence_length=length, num_cores=num_cores,
-                   weights=draft_weights, kv_cache_dtype=kv_cache_dtype)
+    draft = draft_engine(draft_model, engine, draft_weights, sequence_length=length,
+                         num_cores=num_cores, kv_cache_dtype=kv_cache_dtype)
     prompt_ids = _prompts(checkpoint.tokenizer, prompts, input_ids_length)
     config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
     plain = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids)

@@ -18,7 +18,7 @@ import numpy as np
 
 from .engine import Engine
 from .generation import BatchGenerator, GenerationConfig, GenerationRequest, TokenEvent
-from .generation.drafters import Drafter, DraftModel, PromptLookup
+from .generation.drafters import Drafter, DraftModel, PromptLookup, draft_engine
 from .generation.speculative import Speculator
 from .models import DEFAULT_MODEL, Checkpoint, load_checkpoint
 
@@ -83,7 +83,9 @@ class TextGeneration(Pipeline):
     (or "int8") stores the KV cache in half precision (int8: per-token scales), for half (a
     quarter of) the memory. Any `GenerationConfig`
     field passed here becomes a default that each call can override. With `draft_model_path` (a
-    smaller or compressed model with the same tokenizer) or `prompt_lookup=True` (n-gram matches
+    smaller or compressed model with the same tokenizer; "auto": the model itself in a smaller
+    format, `draft_weights` or else generation.drafters.SELF_DRAFT_WEIGHTS; `draft_weights`
+    converts any draft's weights) or `prompt_lookup=True` (n-gram matches
     in the prompt and the text so far; with a draft model too, lookup first and the draft where
     lookup finds nothing) decoding is speculative: up to `num_speculative_tokens` tokens are
     drafted per step and the model verifies them; outputs are those of the model alone. With
@@ -105,6 +107,7 @@ class TextGeneration(Pipeline):
         internal_kv_cache: bool = True,  # accepted for DeepSparse compatibility; always internal
         generation_config: GenerationConfig | dict[str, Any] | None = None,
         draft_model_path: str | Path | Checkpoint | None = None,
+        draft_weights: str | None = None,
         num_speculative_tokens: int = 4,
         adaptive_speculation: bool = True,
         prompt_lookup: bool = False,
@@ -134,8 +137,9 @@ class TextGeneration(Pipeline):
         self.sequence_length = sequence_length
         self.draft_engine = None
         if draft_model_path is not None:
-            self.draft_engine = Engine(
-                draft_model_path, sequence_length=sequence_length, max_sequences=batch_size,
+            self.draft_engine = draft_engine(
+                draft_model_path, self.engine, draft_weights, sequence_length=sequence_length,
+                max_sequences=batch_size,
                 prompt_processing_sequence_length=prompt_processing_sequence_length,
                 num_cores=num_cores, kv_cache_dtype=kv_cache_dtype, weights_cache=weights_cache,
             )

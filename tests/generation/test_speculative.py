@@ -174,6 +174,25 @@ def test_draft_length_falls_to_zero_when_nothing_is_accepted_and_rises_when_all_
     assert best_draft_length(0.7, 0.2, 8) == 3  # (1 - .7^4) / .3 / 1.6 beats k = 2 and 4
 
 
+def test_adaptive_decodes_plainly_when_the_draft_costs_as_much_as_the_model(main_and_draft):
+    """A draft as large as the model (cost hint: its weight bytes over the model's, ~1) cannot
+    pay even if every token were accepted: the sequences decode plainly, without speculative
+    steps, and probe only every 8 x max_probe_every steps."""
+    main, draft = main_and_draft
+    config = GenerationConfig(max_generated_tokens=40, force_max_tokens=True)
+    plain, _ = _run(main, PROMPTS[:4], config)
+    spec, st = _run(main, PROMPTS[:4], config, draft=draft, adaptive=True)
+    assert [r.output_ids for r in spec] == [r.output_ids for r in plain]
+    assert st.proposed == 0
+    length = DraftLength(4, cost_ratio=1.0)
+    length.start("s")
+    ks = []
+    for _ in range(8 * length.max_probe_every):
+        ks.append(length.next("s"))
+        length.observe("s", ks[-1], ks[-1])
+    assert ks[:-1] == [0] * (len(ks) - 1) and ks[-1] == 1
+
+
 def test_speculator_is_adaptive_by_default_and_k_can_be_fixed():
     assert Speculator(_RepeatDrafter(4)).adaptive
     fixed = Speculator(_RepeatDrafter(4), num_speculative_tokens=3, adaptive=False)
@@ -226,8 +245,10 @@ def test_speculative_sampling_matches_model_distribution(main_and_draft):
             exact[(int(t1), int(t2))] = p1[t1] * p2[t2]
     draws = 1500
     engine = Engine(main, sequence_length=64, max_sequences=16)
+    # (a draft as large as the model: adaptive speculation would not draft; always draft 2)
     gen = BatchGenerator(engine, main.tokenizer, [], draft=Engine(draft, sequence_length=64,
-                         max_sequences=16), num_speculative_tokens=2)
+                         max_sequences=16), num_speculative_tokens=2,
+                         adaptive_speculation=False)
     reqs = [GenerationRequest(prompt, GenerationConfig(seed=i, **config)) for i in range(draws)]
     gen.run(reqs)
     assert gen.speculation.proposed > 0
@@ -248,12 +269,15 @@ def test_speculative_sampling_matches_model_distribution(main_and_draft):
 def test_pipeline_speculative_and_vocab_check(tiny_model_dir, tmp_path):
     folder = tiny_model_dir("llama")
     base = Pipeline.create(model_path=folder, sequence_length=128, max_generated_tokens=24)
+    # (drafts as large as the model: adaptive speculation would not draft; always draft 3)
     spec = Pipeline.create(model_path=folder, sequence_length=128, max_generated_tokens=24,
-                           draft_model_path=tiny_model_dir("qwen2"), num_speculative_tokens=3)
+                           draft_model_path=tiny_model_dir("qwen2"), num_speculative_tokens=3,
+                           adaptive_speculation=False)
     assert base(PROMPTS[:3]).sequences == spec(PROMPTS[:3]).sequences
     assert spec.generator.speculation.proposed > 0  # the draft really ran
     itself = Pipeline.create(model_path=folder, sequence_length=128, max_generated_tokens=24,
-                             draft_model_path=folder, num_speculative_tokens=3)
+                             draft_model_path=folder, num_speculative_tokens=3,
+                             adaptive_speculation=False)
     assert itself(PROMPTS[:3]).sequences == base(PROMPTS[:3]).sequences
     st = itself.generator.speculation
     assert st.accepted > 0 and st.acceptance_rate > 0.99
@@ -270,6 +294,24 @@ def test_pipeline_speculative_and_vocab_check(tiny_model_dir, tmp_path):
     (other / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ValueError, match="vocabulary differs"):
         Pipeline.create(model_path=folder, draft_model_path=other)
+
+
+def test_self_speculation_needs_no_second_model(tiny_model_dir):
+    """draft_model_path="auto": the model drafts for itself in a smaller format (the default
+    one, or draft_weights), from the same checkpoint; the output is the model's alone."""
+    from sparsellm.generation.drafters import SELF_DRAFT_WEIGHTS
+
+    folder = tiny_model_dir("llama")
+    kwargs = dict(model_path=folder, sequence_length=128, max_generated_tokens=24)
+    base = Pipeline.create(**kwargs)
+    for draft_weights in (None, "int8"):
+        spec = Pipeline.create(**kwargs, draft_model_path="auto", draft_weights=draft_weights,
+                               num_speculative_tokens=3, adaptive_speculation=False)
+        assert spec.draft_engine.checkpoint is spec.engine.checkpoint
+        assert set(spec.draft_engine.formats.values()) >= {draft_weights or SELF_DRAFT_WEIGHTS}
+        assert base(PROMPTS[:3]).sequences == spec(PROMPTS[:3]).sequences
+        st = spec.generator.speculation
+        assert st.proposed > 0 and st.accepted > 0  # (a tiny random model: low acceptance)
 
 
 @pytest.mark.slow

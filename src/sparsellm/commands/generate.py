@@ -30,7 +30,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "default fp32)")
     p.add_argument("--draft-model", default=None,
                    help="draft model for speculative decoding (same tokenizer, smaller or "
-                        "compressed)")
+                        "compressed); 'auto': the model itself in a smaller format "
+                        "(self-speculation, no second model)")
+    p.add_argument("--draft-weights", default=None, metavar="FORMAT",
+                   help="convert the draft's weights on load (with --draft-model auto, the "
+                        "format the model drafts for itself in; default int8_a8)")
     p.add_argument("--prompt-lookup", action="store_true", default=None,
                    help="speculative decoding by prompt lookup: draft the tokens that followed "
                         "the last n-gram's earlier occurrence in the prompt or output (no model; "
@@ -54,6 +58,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         weights_cache=args.weights_cache,
         kv_cache_dtype=args.kv_cache_dtype,
         draft_model_path=args.draft_model,
+        draft_weights=args.draft_weights,
         prompt_lookup=args.prompt_lookup,
         num_speculative_tokens=args.num_speculative_tokens,
         adaptive_speculation=args.adaptive_speculation,

@@ -8,6 +8,7 @@ this same `BatchGenerator`.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -159,11 +160,14 @@ class BatchGenerator:
         """Admit waiting requests (prefill + first token), then one batched decode step."""
         events: list[TokenEvent] = []
         decoding = [r for r, live in self.active.items() if live.next_token is not None]
-        if decoding and self.speculator is not None:
+        if decoding and self.speculator is not None and self.speculator.drafts(decoding):
             events += self._speculative_step(decoding)
         elif decoding:
+            began = time.perf_counter()
             tokens = [self.active[r].next_token for r in decoding]
             logits = self.engine.decode_step([r.slot for r in decoding], tokens)
+            if self.speculator is not None:  # (before _advance may finish and release some)
+                self.speculator.decoded_plainly(decoding, time.perf_counter() - began)
             for r, row in zip(decoding, logits, strict=True):
                 events.append(self._advance(r, row))
         while self.waiting and self.engine.cache.num_free:

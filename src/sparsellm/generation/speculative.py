@@ -158,13 +158,16 @@ class DraftLength:
 
     def __init__(self, max_k: int, cost_ratio: float | None = None,
                  prior_cost_ratio: float = 0.25, decay: float = 0.9,
-                 prior: tuple[float, float] = (1.6, 0.4), max_probe_every: int = 32):
+                 prior: tuple[float, float] = (1.6, 0.4), max_probe_every: int = 32,
+                 explore_every: int = 8):
         self.max_k = max_k
         self.cost_ratio = cost_ratio
         self.measured_cost_ratio = prior_cost_ratio
         self.decay, self.prior, self.max_probe_every = decay, prior, max_probe_every
+        self.explore_every = explore_every
         self.cost = _StepCost()
         self._seqs: dict[Hashable, _Acceptance] = {}
+        self._steps = 0
 
     def start(self, key: Hashable) -> None:
         self._seqs[key] = _Acceptance(*self.prior)
@@ -176,10 +179,31 @@ class DraftLength:
     def ratio(self) -> float:
         return self.cost_ratio if self.cost_ratio is not None else self.measured_cost_ratio
 
+    def new_step(self) -> None:
+        """A decode step begins (the draft lengths asked next are this step's)."""
+        self._steps += 1
+
+    @property
+    def exploring(self) -> bool:
+        """Whether this step decodes plainly to measure the cost ratio: while the recent steps
+        cannot tell it (they all drafted alike, e.g. always max_k), one step in
+        `explore_every` drafts nothing, so the cost fit sees plain steps too."""
+        return self.cost_ratio is None and self.cost.ratio() is None and \
+            self._steps % self.explore_every == 0
+
     def next(self, key: Hashable) -> int:
+        if self.exploring:
+            return 0
         s = self._seqs[key]
         k = best_draft_length(s.rate, self.ratio, self.max_k)
-        if k == 0 and s.idle + 1 >= s.probe_every:
+        # At k = 0, probe with one drafted token every few steps, so the sequence comes back
+        # when drafting pays again; only every 8 x max_probe_every steps (to re-measure the
+        # cost) if drafting could not pay at this cost even were every drafted token accepted:
+        # a probe then costs several decode steps (the draft catches up on the steps it sat
+        # out) for nothing.
+        could_pay = best_draft_length(1.0, self.ratio, self.max_k) > 0
+        every = s.probe_every if could_pay else 8 * self.max_probe_every
+        if k == 0 and s.idle + 1 >= every:
             return 1
         return k
 
@@ -196,7 +220,8 @@ class DraftLength:
         s.rejected = self.decay * s.rejected + (accepted < drafted)
 
     def step_time(self, sequences: int, drafted: int, seconds: float) -> None:
-        """One speculative step (drafting + verification) of `sequences` sequences."""
+        """One decode step of `sequences` sequences that drafted `drafted` tokens in all (0: a
+        plain step), drafting and verification included."""
         self.cost.add(drafted / sequences, seconds / sequences)
         ratio = self.cost.ratio()
         if ratio is not None:
@@ -216,7 +241,8 @@ class Speculator:
         self.drafter = drafter
         self.num_speculative_tokens = num_speculative_tokens
         self.adaptive = adaptive
-        self.length = DraftLength(num_speculative_tokens, cost_ratio)
+        self.length = DraftLength(num_speculative_tokens, cost_ratio,
+                                  prior_cost_ratio=drafter.cost_hint)
         self.stats = SpeculationStats()
         self._live: set[Hashable] = set()
 
@@ -234,6 +260,18 @@ class Speculator:
     def draft_length(self, key: Hashable) -> int:
         """Tokens the sequence would draft next step (before its room limits them)."""
         return self.length.next(key) if self.adaptive else self.num_speculative_tokens
+
+    def drafts(self, keys: list[Hashable]) -> bool:
+        """A decode step begins: whether any of these sequences drafts in it. If none does,
+        the caller decodes plainly (no speculative overhead) and reports `decoded_plainly`."""
+        self.length.new_step()
+        return any(self.draft_length(key) for key in keys)
+
+    def decoded_plainly(self, keys: list[Hashable], seconds: float) -> None:
+        """These sequences took one plain decode step, in `seconds`."""
+        for key in keys:
+            self.length.observe(key, 0, 0)
+        self.length.step_time(len(keys), 0, seconds)
 
     def step(self, engine: Engine, seqs: list[SpeculativeSequence]) -> list[Verified]:
         """Draft for every sequence, verify all proposals in one `engine` step (every row
