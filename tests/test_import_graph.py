@@ -25,7 +25,7 @@ EXTENSION = "sparsellm._native"  # compiled from csrc/; imports nothing from the
 # do not import each other. "" is the package's own __init__ (it re-exports the API).
 LAYERS: list[dict[str, list[str]]] = [
     {"ground": ["tokenizer", "datasets", "atomic", "dtypes", "progress", "functional",
-                "_native"]},
+                "cache_dir", "_native"]},
     {"kernels": ["kernels"], "models": ["models"]},
     {"compression": ["compression"]},
     {"engine": ["engine"]},
