@@ -113,3 +113,18 @@ def test_end_of_turn_ends_generation():
     ck = load_checkpoint("gemma-3-270m")
     names = [ck.tokenizer._tok.id_to_token(i) for i in ck.eos_token_ids]
     assert names == ["<eos>", "<end_of_turn>"]
+
+
+def test_gguf_without_a_chat_template_gets_gemmas():
+    """The packaged GGUF carries no tokenizer.chat_template; chat prompts use Gemma's turns
+    (a system message opens the first user turn), with one BOS, as llama.cpp formats them."""
+    ck = load_checkpoint("gemma-3-270m")
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi "}, {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Capital of France?"}]
+    text = ck.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                    "<start_of_turn>model\nHello.<end_of_turn>\n"
+                    "<start_of_turn>user\nCapital of France?<end_of_turn>\n<start_of_turn>model\n")
+    ids = ck.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert ids[:2] == [2, 105] and ids.count(2) == 1

@@ -42,6 +42,7 @@ class Architecture:
     # The HF tensor names are the canonical ones (from_hf renames nothing), so stored tensors
     # are used as the files hold them and third-party compressed checkpoints are readable.
     canonical_hf_names: bool = False
+    chat_template: str | None = None  # the family's chat format, for a GGUF that carries none
 
     def args(self, config: dict[str, Any]) -> ModelArgs:
         """model_args with a clear error for a config.json missing a required key."""
@@ -73,6 +74,7 @@ ARCHITECTURES = [
         "gemma3", "Gemma 3 (text; sliding-window and global layers, QK-norm, sandwich norms)",
         ("Gemma3ForCausalLM",), gemma3.model_args, gemma3.from_hf, ("gemma3",),
         GGUFSpec(gemma3.gguf_config, gemma3.GGUF_TENSOR_NAMES, gemma3.from_gguf, lazy=True),
+        chat_template=gemma3.CHAT_TEMPLATE,
     ),
     Architecture("gpt2", "GPT-2, DistilGPT2", ("GPT2LMHeadModel",), gpt2.model_args,
                  gpt2.from_hf, ("gpt2",),

@@ -24,6 +24,25 @@ from .convert import UnsupportedConfigError, activation, common_args, expand, re
 from .decoder import ModelArgs
 from .lazy import LazyTensors
 
+# Gemma's chat format (its tokenizer_config.json template, text only), for GGUF files that carry
+# none (llama.cpp likewise recognizes Gemma's turns): a system message opens the first user turn.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
 LOCAL_ROPE_THETA = 10000.0  # Gemma 3's rope_local_base_freq (llama.cpp hard-codes it too)
 SLIDING_PATTERN = 6  # one full-attention layer in every six (the released models)
 

@@ -108,7 +108,8 @@ def load_gguf(path: Path) -> Checkpoint:
         architecture=arch,
         config=config,
         tensors=tensors,
-        tokenizer=Tokenizer.from_gguf_metadata(meta),
+        tokenizer=Tokenizer.from_gguf_metadata(
+            {"tokenizer.chat_template": arch.chat_template, **meta}),
         generation_config={},
         weight_formats=formats,
         quantized=exact,
