@@ -524,24 +524,14 @@ def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
         w.add_head_count(hp["num_attention_heads"])
         w.add_parallel_residual(hp.get("use_parallel_residual", True))
         w.add_layer_norm_eps(hp["layer_norm_eps"])
-    elif arch == "gemma3":  # Gemma3Model.set_gguf_parameters
+    elif arch in ("llama", "qwen2", "qwen3", "gemma3"):
+        # TextModel.set_gguf_parameters (+ LlamaModel's, Gemma3Model's)
         w.add_context_length(hp["max_position_embeddings"])
         w.add_embedding_length(hp["hidden_size"])
         w.add_feed_forward_length(hp["intermediate_size"])
         w.add_head_count(hp["num_attention_heads"])
         w.add_head_count_kv(hp["num_key_value_heads"])
-        w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
-        w.add_key_length(hp["head_dim"])
-        w.add_value_length(hp["head_dim"])
-        w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
-        w.add_sliding_window(hp["sliding_window"])
-    elif arch in ("llama", "qwen2", "qwen3"):  # TextModel.set_gguf_parameters (+ LlamaModel's)
-        w.add_context_length(hp["max_position_embeddings"])
-        w.add_embedding_length(hp["hidden_size"])
-        w.add_feed_forward_length(hp["intermediate_size"])
-        w.add_head_count(hp["num_attention_heads"])
-        w.add_head_count_kv(hp["num_key_value_heads"])
-        w.add_rope_freq_base(rope["rope_theta"])
+        w.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])  # Gemma: global
         w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
         if hp.get("head_dim") is not None:
             w.add_key_length(hp["head_dim"])
@@ -552,6 +542,8 @@ def write_tiny_arch_gguf(path: Path, variant: str) -> torch.nn.Module:
                                        hp["hidden_size"] // hp["num_attention_heads"])
             if rope.get("rope_type") == "llama3":
                 w.add_tensor("rope_freqs.weight", llama3_rope_factors(hp))
+        if arch == "gemma3":
+            w.add_sliding_window(hp["sliding_window"])
     else:  # phi2, phi3
         n_embd, n_head = hp["hidden_size"], hp["num_attention_heads"]
         w.add_context_length(hp["max_position_embeddings"])

@@ -73,7 +73,7 @@ ARCHITECTURES = [
     Architecture(
         "gemma3", "Gemma 3 (text; sliding-window and global layers, QK-norm, sandwich norms)",
         ("Gemma3ForCausalLM",), gemma3.model_args, gemma3.from_hf, ("gemma3",),
-        GGUFSpec(gemma3.gguf_config, gemma3.GGUF_TENSOR_NAMES, gemma3.from_gguf, lazy=True),
+        GGUFSpec(gemma3.gguf_config, gemma3.GGUF_TENSOR_NAMES, llama.from_gguf, lazy=True),
         chat_template=gemma3.CHAT_TEMPLATE,
     ),
     Architecture("gpt2", "GPT-2, DistilGPT2", ("GPT2LMHeadModel",), gpt2.model_args,

@@ -20,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from .convert import UnsupportedConfigError, activation, common_args, expand, refuse, rope_settings
+from . import llama
+from .convert import (
+    UnsupportedConfigError,
+    activation,
+    common_args,
+    expand,
+    layer_tensor_names,
+    refuse,
+    rope_settings,
+)
 from .decoder import ModelArgs
 from .lazy import LazyTensors
 
@@ -84,22 +93,17 @@ def model_args(config: dict[str, Any]) -> ModelArgs:
 
 # HF name -> canonical name ("{i}" is the layer index). Gemma's post_attention_layernorm is
 # the norm of the attention output; its MLP input norm is pre_feedforward_layernorm.
+_NORMS = {"input_layernorm": "input_layernorm", "self_attn.q_norm": "self_attn.q_norm",
+          "self_attn.k_norm": "self_attn.k_norm", "post_attention_layernorm": "attn_output_norm",
+          "pre_feedforward_layernorm": "post_attention_layernorm",
+          "post_feedforward_layernorm": "mlp_output_norm"}
 HF_TENSOR_NAMES = {
-    "model.embed_tokens.weight": "model.embed_tokens.weight",
-    "model.norm.weight": "model.norm.weight",
-    "lm_head.weight": "lm_head.weight",
-    "model.layers.{i}.input_layernorm.weight": "model.layers.{i}.input_layernorm.weight",
-    "model.layers.{i}.post_attention_layernorm.weight":
-        "model.layers.{i}.attn_output_norm.weight",
-    "model.layers.{i}.pre_feedforward_layernorm.weight":
-        "model.layers.{i}.post_attention_layernorm.weight",
-    "model.layers.{i}.post_feedforward_layernorm.weight":
-        "model.layers.{i}.mlp_output_norm.weight",
-    **{f"model.layers.{{i}}.{m}.{kind}": f"model.layers.{{i}}.{m}.{kind}"
-       for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj") for kind in ("weight", "bias")},
-    "model.layers.{i}.self_attn.q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
-    "model.layers.{i}.self_attn.k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
+    **{n: n for n in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")},
+    **layer_tensor_names("model.layers", {m: m for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}),
+    **{f"model.layers.{{i}}.{src}.weight": f"model.layers.{{i}}.{dst}.weight"
+       for src, dst in _NORMS.items()},
 }
 
 
@@ -119,24 +123,15 @@ def from_hf(raw: Mapping[str, np.ndarray], args: ModelArgs) -> Mapping[str, np.n
     return LazyTensors({lookup[n]: partial(load, n) for n in raw})
 
 
-# llama.cpp's names (gguf MODEL_TENSORS[GEMMA3]); its norms already hold 1 + w.
+# llama.cpp's names (gguf MODEL_TENSORS[GEMMA3]): Llama's plus QK-norm and the sandwich
+# norms; its norms already hold 1 + w, and its Q/K rows are in HF order (half-split RoPE), so
+# llama.from_gguf changes nothing.
 GGUF_TENSOR_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "blk.{i}.post_attention_norm.weight": "model.layers.{i}.attn_output_norm.weight",
-    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.mlp_output_norm.weight",
-    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    **llama.GGUF_TENSOR_NAMES,
     "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
     "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
-    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "blk.{i}.post_attention_norm.weight": "model.layers.{i}.attn_output_norm.weight",
+    "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.mlp_output_norm.weight",
 }
 
 
@@ -166,9 +161,3 @@ def gguf_config(arch: str, get: Any) -> dict[str, Any]:
     if get("rope.scaling.type") == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": get("rope.scaling.factor")}
     return config
-
-
-def from_gguf(t: Mapping[str, np.ndarray], args: ModelArgs, arch: str
-              ) -> Mapping[str, np.ndarray]:
-    """llama.cpp runs Gemma's RoPE half-split (NeoX style): no row permutation to undo."""
-    return t

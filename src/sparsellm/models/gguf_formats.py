@@ -14,6 +14,8 @@ No file I/O: the loader passes block bytes in.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from .formats import QuantizedTensor, WeightFormat
@@ -46,12 +48,9 @@ def q4_0_integers(blocks: np.ndarray, shape: tuple[int, int]) -> QuantizedTensor
     return QuantizedTensor(q=q.reshape(out, cols), scale=d, zero_point=None, format=INT4_G32)
 
 
-def summary(types: dict[str, str]) -> str:
-    """One line: which stored types run in which format ({tensor: ggml type name})."""
-    by_type: dict[str, int] = {}
-    for t in types.values():
-        by_type[t] = by_type.get(t, 0) + 1
+def summary(types: list[str]) -> str:
+    """One line: which stored types (ggml type names, one per tensor) run in which format."""
     parts = [f"{n} {t} tensor{'s' * (n > 1)} -> {DECLARED[t].name}"
-             for t, n in sorted(by_type.items()) if t in DECLARED]
+             for t, n in sorted(Counter(types).items()) if t in DECLARED]
     return ("quantized weights run natively, tensor by tensor: " + ", ".join(parts) +
             " (int8: requantized per output channel; --weights overrides)") if parts else ""

@@ -75,7 +75,6 @@ def load_gguf(path: Path) -> Checkpoint:
     if unexpected:
         raise ValueError(f"{path}: unexpected tensor {unexpected[0]!r} for architecture "
                          f"{arch_name}")
-    types = {name_map[t.name]: t.tensor_type.name for t in reader.tensors}
     for t in reader.tensors:
         check_type(t.tensor_type.name, t.name, path)
     # Read (and dequantized) at each access from the memory-mapped file, like safetensors.
@@ -95,7 +94,7 @@ def load_gguf(path: Path) -> Checkpoint:
     formats: dict[str, WeightFormat] = {}
     if arch.gguf.lazy:
         formats = {n: DECLARED[t.tensor_type.name] for n, t in quantized_2d.items()}
-        note = summary({n: types[n] for n in formats})
+        note = summary([t.tensor_type.name for t in quantized_2d.values()])
         if note:
             logger.info("%s: %s", path.name, note)
     exact = LazyTensors({n: partial(_integers, t, n, partial(arch.gguf.convert, args=args,
