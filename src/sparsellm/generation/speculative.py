@@ -168,6 +168,7 @@ class DraftLength:
         self.cost = _StepCost()
         self._seqs: dict[Hashable, _Acceptance] = {}
         self._steps = 0
+        self.exploring = False  # this step decodes plainly to measure the cost (new_step)
 
     def start(self, key: Hashable) -> None:
         self._seqs[key] = _Acceptance(*self.prior)
@@ -180,16 +181,12 @@ class DraftLength:
         return self.cost_ratio if self.cost_ratio is not None else self.measured_cost_ratio
 
     def new_step(self) -> None:
-        """A decode step begins (the draft lengths asked next are this step's)."""
+        """A decode step begins (the draft lengths asked next are this step's). While the
+        recent steps cannot tell the cost ratio (they all drafted alike, e.g. always max_k),
+        one step in `explore_every` drafts nothing, so the cost fit sees plain steps too."""
         self._steps += 1
-
-    @property
-    def exploring(self) -> bool:
-        """Whether this step decodes plainly to measure the cost ratio: while the recent steps
-        cannot tell it (they all drafted alike, e.g. always max_k), one step in
-        `explore_every` drafts nothing, so the cost fit sees plain steps too."""
-        return self.cost_ratio is None and self.cost.ratio() is None and \
-            self._steps % self.explore_every == 0
+        self.exploring = self.cost_ratio is None and self._steps % self.explore_every == 0 \
+            and self.cost.ratio() is None
 
     def next(self, key: Hashable) -> int:
         if self.exploring:
@@ -245,6 +242,7 @@ class Speculator:
                                   prior_cost_ratio=drafter.cost_hint)
         self.stats = SpeculationStats()
         self._live: set[Hashable] = set()
+        self._planned: dict[Hashable, int] = {}  # this step's draft lengths (drafts)
 
     def start(self, key: Hashable, prompt_ids: list[int]) -> None:
         self._live.add(key)
@@ -262,10 +260,12 @@ class Speculator:
         return self.length.next(key) if self.adaptive else self.num_speculative_tokens
 
     def drafts(self, keys: list[Hashable]) -> bool:
-        """A decode step begins: whether any of these sequences drafts in it. If none does,
-        the caller decodes plainly (no speculative overhead) and reports `decoded_plainly`."""
+        """A decode step begins: whether any of these sequences drafts in it (`step` then
+        drafts the lengths found here). If none does, the caller decodes plainly (no
+        speculative overhead) and reports `decoded_plainly`."""
         self.length.new_step()
-        return any(self.draft_length(key) for key in keys)
+        self._planned = {key: self.draft_length(key) for key in keys}
+        return any(self._planned.values())
 
     def decoded_plainly(self, keys: list[Hashable], seconds: float) -> None:
         """These sequences took one plain decode step, in `seconds`."""
@@ -274,10 +274,11 @@ class Speculator:
         self.length.step_time(len(keys), 0, seconds)
 
     def step(self, engine: Engine, seqs: list[SpeculativeSequence]) -> list[Verified]:
-        """Draft for every sequence, verify all proposals in one `engine` step (every row
-        scored), accept, and trim both caches to what was kept."""
+        """Draft for every sequence (the lengths `drafts` found for this step), verify all
+        proposals in one `engine` step (every row scored), accept, and trim both caches to
+        what was kept."""
         began = time.perf_counter()
-        ks = [max(0, min(self.draft_length(s.key), s.room)) for s in seqs]
+        ks = [max(0, min(self._planned[s.key], s.room)) for s in seqs]
         proposals = self.drafter.propose([
             DraftRequest(s.key, s.next_token, k, s.sampler, s.history)
             for s, k in zip(seqs, ks, strict=True)])
