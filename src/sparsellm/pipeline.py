@@ -18,8 +18,8 @@ import numpy as np
 
 from .engine import Engine
 from .generation import BatchGenerator, GenerationConfig, GenerationRequest, TokenEvent
-from .generation.drafters import Drafter, DraftModel, PromptLookup, draft_engine
-from .generation.speculative import Speculator
+from .generation.drafters import draft_engine
+from .generation.speculative import speculator_for
 from .models import DEFAULT_MODEL, Checkpoint, load_checkpoint
 
 TEXT_GENERATION_TASKS = ("text-generation", "text_generation", "textgeneration", "chat")
@@ -143,13 +143,8 @@ class TextGeneration(Pipeline):
                 prompt_processing_sequence_length=prompt_processing_sequence_length,
                 num_cores=num_cores, kv_cache_dtype=kv_cache_dtype, weights_cache=weights_cache,
             )
-        drafter: Drafter | None = None
-        if self.draft_engine is not None:
-            drafter = DraftModel(self.draft_engine, self.engine, self.tokenizer)
-        if prompt_lookup:
-            drafter = PromptLookup(self.engine.vocab_size, fallback=drafter)
-        speculator = None if drafter is None else \
-            Speculator(drafter, num_speculative_tokens, adaptive_speculation)
+        speculator = speculator_for(self.engine, self.tokenizer, self.draft_engine,
+                                    prompt_lookup, num_speculative_tokens, adaptive_speculation)
         self.generator = BatchGenerator(self.engine, self.tokenizer, checkpoint.eos_token_ids,
                                         speculator=speculator)
 

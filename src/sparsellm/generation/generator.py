@@ -18,9 +18,8 @@ import numpy as np
 
 from ..engine import ContextLengthError, Engine
 from .config import GenerationConfig
-from .drafters import DraftModel
 from .sampling import Sampler, log_softmax
-from .speculative import SpeculationStats, SpeculativeSequence, Speculator
+from .speculative import SpeculationStats, SpeculativeSequence, Speculator, speculator_for
 from .text import IncrementalDetokenizer, StopStrings
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CAPACITY, FINISH_CANCELLED = "stop", "length", "capacity", \
@@ -106,8 +105,8 @@ class BatchGenerator:
         if draft is not None:
             if speculator is not None:
                 raise ValueError("give a draft engine or a speculator, not both")
-            speculator = Speculator(DraftModel(draft, engine, tokenizer),
-                                    num_speculative_tokens, adaptive_speculation)
+            speculator = speculator_for(engine, tokenizer, draft, False, num_speculative_tokens,
+                                        adaptive_speculation)
         self.speculator = speculator
 
     @property

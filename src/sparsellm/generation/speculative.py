@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engine import Engine
-from .drafters import Drafter, DraftRequest, check_compatible_vocab
+from .drafters import Drafter, DraftModel, DraftRequest, PromptLookup, check_compatible_vocab
 from .sampling import Sampler, draw
 
 __all__ = ["DraftLength", "SpeculationStats", "SpeculativeSequence", "Speculator", "Verified",
-           "accept_draft", "best_draft_length", "check_compatible_vocab"]
+           "accept_draft", "best_draft_length", "check_compatible_vocab", "speculator_for"]
 
 
 @dataclass
@@ -304,3 +304,16 @@ class Speculator:
             engine.trim(s.slot, length + 1 + n)
             out.append(Verified(prop.tokens[:n] + [nxt], rows))
         return out
+
+
+def speculator_for(engine: Engine, tokenizer: object, draft: Engine | None = None,
+                   prompt_lookup: bool = False, num_speculative_tokens: int = 4,
+                   adaptive: bool = True) -> Speculator | None:
+    """The speculator for a `draft` engine and/or prompt lookup (lookup first, the draft where
+    lookup finds nothing); None for neither (plain decoding)."""
+    drafter: Drafter | None = None
+    if draft is not None:
+        drafter = DraftModel(draft, engine, tokenizer)
+    if prompt_lookup:
+        drafter = PromptLookup(engine.vocab_size, fallback=drafter)
+    return None if drafter is None else Speculator(drafter, num_speculative_tokens, adaptive)
