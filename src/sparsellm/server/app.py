@@ -85,7 +85,7 @@ def create_app(provider: ModelProvider, config: ServerConfig | None = None) -> F
              responses={401: ERROR_RESPONSES[401]})
     async def metrics() -> PlainTextResponse:
         """Prometheus text format."""
-        return PlainTextResponse(state.metrics.render(state.gauges),
+        return PlainTextResponse(state.metrics.render(state.gauges, state.speculation),
                                  media_type="text/plain; version=0.0.4")
 
     if config.local_routes:

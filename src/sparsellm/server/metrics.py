@@ -5,6 +5,10 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..generation.speculative import SpeculationStats
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -60,8 +64,10 @@ class Metrics:
             self.ttft_sum[model] += seconds
             self.ttft_count[model] += 1
 
-    def render(self, gauges: Callable[[], dict[str, tuple[int, int]]] | None = None) -> str:
-        """Prometheus exposition text; `gauges()` -> {model: (active, waiting)}."""
+    def render(self, gauges: Callable[[], dict[str, tuple[int, int]]] | None = None,
+               speculation: Callable[[], dict[str, SpeculationStats]] | None = None) -> str:
+        """Prometheus exposition text; `gauges()` -> {model: (active, waiting)};
+        `speculation()` -> {model: its speculative decoding counts} for speculating models."""
         out: list[str] = []
 
         def family(name: str, kind: str, help_text: str) -> None:
@@ -105,4 +111,30 @@ class Metrics:
             family("sparsellm_queue_depth", "gauge", "requests waiting for a batch slot")
             for model, (_, waiting) in sorted(counts.items()):
                 out.append(f'sparsellm_queue_depth{{model="{_label(model)}"}} {waiting}')
+        if speculation is not None:
+            _speculation_families(speculation(), family, out)
         return "\n".join(out) + "\n"
+
+
+def _speculation_families(stats: dict[str, SpeculationStats],
+                          family: Callable[[str, str, str], None], out: list[str]) -> None:
+    """Counters of drafted and accepted tokens and of verifications (one per sequence that
+    drafted in a step), and their ratios since the start (vLLM's spec_decode metrics)."""
+    rows = [
+        ("sparsellm_speculative_verifications_total", "counter",
+         "speculative verifications (a sequence's drafted tokens checked in one model step)",
+         lambda s: s.steps),
+        ("sparsellm_speculative_draft_tokens_total", "counter", "tokens drafted",
+         lambda s: s.proposed),
+        ("sparsellm_speculative_accepted_tokens_total", "counter",
+         "drafted tokens the model accepted", lambda s: s.accepted),
+        ("sparsellm_speculative_acceptance_rate", "gauge",
+         "accepted / drafted tokens since the start", lambda s: f"{s.acceptance_rate:.6f}"),
+        ("sparsellm_speculative_tokens_per_verification", "gauge",
+         "tokens emitted per verification (accepted + the model's own) since the start",
+         lambda s: f"{s.tokens_per_step:.6f}"),
+    ]
+    for name, kind, help_text, value in rows:
+        family(name, kind, help_text)
+        for model, s in sorted(stats.items()):
+            out.append(f'{name}{{model="{_label(model)}"}} {value(s)}')

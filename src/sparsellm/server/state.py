@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..engine import ContextLengthError
 from ..generation import GenerationConfig, GenerationRequest
+from ..generation.speculative import SpeculationStats
 from .config import ServerConfig
 from .errors import APIError, error_body
 from .metrics import Metrics
@@ -57,6 +58,11 @@ class ServerState:
 
     def gauges(self) -> dict[str, tuple[int, int]]:
         return {name: m.scheduler.counts() for name, m in self.models.items()}
+
+    def speculation(self) -> dict[str, SpeculationStats]:
+        """The speculative decoding counts of the models that speculate."""
+        return {name: m.pipeline.generator.speculation for name, m in self.models.items()
+                if m.pipeline.generator.speculator is not None}
 
     # ---- requests -------------------------------------------------------------------------------
     @staticmethod
