@@ -1,6 +1,7 @@
 """`sparsellm benchmark` run as a user would (a subprocess), and the Python functions behind it:
-sparsellm.benchmark.benchmark, benchmark_speculative and compare_report. Tiny random models only,
-measured for a fraction of a second."""
+sparsellm.benchmark.benchmark, benchmark_compare and compare_report (speculative decoding over a
+prompt set: test_speculation_benchmark.py). Tiny random models only, measured for a fraction of
+a second."""
 
 from __future__ import annotations
 
@@ -14,10 +15,8 @@ import pytest
 
 from sparsellm.benchmark import (
     BenchmarkResult,
-    SpeculativeResult,
     benchmark,
     benchmark_compare,
-    benchmark_speculative,
     compare_report,
 )
 from test_cli_commands import sparsellm  # the CLI in a subprocess
@@ -224,35 +223,6 @@ def test_cli_compare_prints_both_reports_and_ratios(tiny_llama_dir, tiny_model_d
     assert tail == compare_report(BenchmarkResult(**a), BenchmarkResult(**b)).splitlines()
 
 
-def test_cli_self_draft_is_identical_and_accepts_everything(tiny_llama_dir, tmp_path):
-    stdout, d = run_json(tmp_path, str(tiny_llama_dir), *FAST, "--draft-model",
-                         str(tiny_llama_dir), "--num-speculative-tokens", "4")
-    lines = stdout.splitlines()
-    assert len(lines) == 6, stdout
-    assert lines[0].split() == ["autoregressive", "speculative"]
-    rows = {line[:28].strip(): line[28:].split() for line in lines[1:5]}
-    assert list(rows) == ["time (s)", "tokens/s", "acceptance rate", "tokens per main step"]
-    assert rows["acceptance rate"] == ["100.0%"]
-    # greedy self-draft: the one step after the prompt's token takes all 4 drafts + its own
-    assert rows["tokens per main step"] == ["1.00", "5.00"]
-    assert all(float(x) > 0 for x in rows["tokens/s"])
-    m = re.fullmatch(r"speedup (\d+\.\d\d)x with (.+) drafting 4 tokens; identical texts: True",
-                     lines[5])
-    assert m is not None, lines[5]
-    assert m.group(2) == str(tiny_llama_dir)
-
-    # a dict (not a list as without --draft-model)
-    assert set(d) == set(SpeculativeResult.__dataclass_fields__) | {"speedup"}
-    assert d["model"] == d["draft_model"] == str(tiny_llama_dir)
-    assert d["identical_texts"] is True and d["acceptance_rate"] == 1.0
-    assert d["tokens_per_step"] == 5.0 and d["num_speculative_tokens"] == 4
-    assert d["prompts"] == 4 and d["generated_tokens"] == 4 * GENERATED  # max(batch size, 4)
-    assert d["speedup"] == pytest.approx(d["autoregressive_s"] / d["speculative_s"])
-    assert m.group(1) == f"{d['speedup']:.2f}"
-    n = d["generated_tokens"]
-    assert rows["tokens/s"] == [f"{n / d['autoregressive_s']:.1f}", f"{n / d['speculative_s']:.1f}"]
-
-
 @pytest.mark.parametrize("args,message", [
     (["--generated-tokens", "0"], "generated_tokens must be >= 1, got 0"),
     (["--input-ids-length", "0"], "input_ids_length must be >= 1, got 0"),
@@ -260,10 +230,6 @@ def test_cli_self_draft_is_identical_and_accepts_everything(tiny_llama_dir, tmp_
     (["--input-ids-length", "100", "--sequence-length", "16"],
      f"input_ids_length + generated_tokens (100 + {GENERATED}) exceeds sequence_length (16)"),
     (["--weights", "int3"], "unknown weights format 'int3'; accepted: fp32, "),
-    (["--draft-model", "{tiny}", "--weights", "int3"], "unknown weights format 'int3'"),
-    (["--draft-model", "{tiny}", "--num-speculative-tokens", "0"],
-     "num_speculative_tokens must be >= 1, got 0"),
-    (["--draft-model", "/no/such/draft"], "model path '/no/such/draft' does not exist"),
 ])
 def test_errors_exit_2_with_one_clear_line(args, message, tiny_llama_dir):
     r = sparsellm("benchmark", str(tiny_llama_dir), *FAST,
@@ -371,23 +337,6 @@ def test_benchmark_compare_api_interleaves_rounds(tiny_llama_dir):
 def test_benchmark_compare_api_rejects_bad_settings(kwargs, error, message, tiny_llama_dir):
     with pytest.raises(error, match=message):
         benchmark_compare(tiny_llama_dir, tiny_llama_dir, **{**API_FAST, **kwargs})
-
-
-def test_benchmark_speculative_api_self_draft(tiny_llama_dir):
-    result = benchmark_speculative(tiny_llama_dir, tiny_llama_dir, num_speculative_tokens=2,
-                                   prompts=2, input_ids_length=PROMPT,
-                                   generated_tokens=GENERATED)
-    assert isinstance(result, SpeculativeResult)
-    assert result.identical_texts is True
-    assert result.acceptance_rate == 1.0
-    assert 1.0 < result.tokens_per_step <= 3.0  # at most k + 1 tokens per main step
-    assert result.prompts == 2 and result.generated_tokens == 2 * GENERATED
-    assert result.autoregressive_s > 0 and result.speculative_s > 0
-    d = result.to_dict()
-    assert json.loads(json.dumps(d, allow_nan=False)) == d
-    assert d["speedup"] == result.speedup == result.autoregressive_s / result.speculative_s
-    assert "acceptance rate" in result.report() and result.report().rstrip().endswith(
-        "drafting 2 tokens; identical texts: True")
 
 
 def _result(model: str, throughput: float, prefill: float, weight_bytes: int) -> BenchmarkResult:

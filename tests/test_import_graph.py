@@ -30,7 +30,7 @@ LAYERS: list[dict[str, list[str]]] = [
     {"compression": ["compression"]},
     {"engine": ["engine"]},
     {"generation": ["generation"]},
-    {"applications": ["pipeline", "benchmark", "export", "evaluation"]},
+    {"applications": ["pipeline", "benchmark", "speculation_benchmark", "export", "evaluation"]},
     {"entry points": ["cli", "commands", "server", ""]},
 ]
 

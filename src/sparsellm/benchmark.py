@@ -20,7 +20,6 @@ import numpy as np
 from .datasets import load_texts
 from .engine import Engine
 from .generation import BatchGenerator, GenerationConfig, GenerationRequest
-from .generation.drafters import draft_engine
 from .models import load_checkpoint
 
 SCENARIOS = ("sync", "async")
@@ -321,91 +320,6 @@ def _rss_mb() -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except OSError:
         return float("nan")
-
-
-@dataclass
-class SpeculativeResult:
-    model: str
-    draft_model: str
-    num_speculative_tokens: int
-    prompts: int
-    generated_tokens: int
-    autoregressive_s: float
-    speculative_s: float
-    acceptance_rate: float
-    tokens_per_step: float
-    identical_texts: bool
-    adaptive: bool = False
-
-    @property
-    def speedup(self) -> float:
-        return self.autoregressive_s / self.speculative_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "speedup": self.speedup}
-
-    def report(self) -> str:
-        n = self.generated_tokens
-        return "\n".join([
-            f"{'':<28}{'autoregressive':>16}{'speculative':>16}",
-            f"{'time (s)':<28}{self.autoregressive_s:>16.2f}{self.speculative_s:>16.2f}",
-            f"{'tokens/s':<28}{n / self.autoregressive_s:>16.1f}{n / self.speculative_s:>16.1f}",
-            f"{'acceptance rate':<28}{'':>16}{self.acceptance_rate:>16.1%}",
-            f"{'tokens per main step':<28}{1.0:>16.2f}{self.tokens_per_step:>16.2f}",
-            f"speedup {self.speedup:.2f}x with {self.draft_model} drafting "
-            f"{'up to ' if self.adaptive else ''}{self.num_speculative_tokens} tokens; "
-            f"identical texts: {self.identical_texts}",
-        ])
-
-
-def benchmark_speculative(
-    model: str | Path,
-    draft_model: str | Path,
-    num_speculative_tokens: int = 4,
-    prompts: int = 4,
-    input_ids_length: int = 32,
-    generated_tokens: int = 128,
-    num_cores: int | None = None,
-    weights: str | None = None,
-    draft_weights: str | None = None,
-    adaptive: bool = False,
-    kv_cache_dtype: str = "fp32",
-) -> SpeculativeResult:
-    """Greedy generation of the same prompts with and without a draft model, in one process.
-    `weights` / `draft_weights` convert the main / draft model's linear weights on load;
-    `adaptive` lets each sequence draft fewer tokens while its drafts get rejected."""
-    _check_settings(prompts=prompts, input_ids_length=input_ids_length,
-                    generated_tokens=generated_tokens)
-    checkpoint = load_checkpoint(model)
-    length = input_ids_length + generated_tokens
-    engine = Engine(checkpoint, sequence_length=length, num_cores=num_cores, weights=weights,
-                    kv_cache_dtype=kv_cache_dtype)
-    draft = draft_engine(draft_model, engine, draft_weights, sequence_length=length,
-                         num_cores=num_cores, kv_cache_dtype=kv_cache_dtype)
-    prompt_ids = _prompts(checkpoint.tokenizer, prompts, input_ids_length)
-    config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
-    plain = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids)
-    spec = BatchGenerator(engine, checkpoint.tokenizer, checkpoint.eos_token_ids, draft=draft,
-                          num_speculative_tokens=num_speculative_tokens,
-                          adaptive_speculation=adaptive)
-    plain.run([GenerationRequest(prompt_ids[0][:8], GenerationConfig(max_generated_tokens=4))])
-    spec.run([GenerationRequest(prompt_ids[0][:8], GenerationConfig(max_generated_tokens=4))])
-    spec.speculation = type(spec.speculation)()
-    times, texts = [], []
-    for generator in (plain, spec):
-        start = time.perf_counter()
-        done = [generator.run([GenerationRequest(p, config)])[0] for p in prompt_ids]
-        times.append(time.perf_counter() - start)
-        texts.append([r.output_ids for r in done])
-    return SpeculativeResult(
-        model=str(model), draft_model=str(draft_model),
-        num_speculative_tokens=num_speculative_tokens, adaptive=adaptive, prompts=prompts,
-        generated_tokens=prompts * generated_tokens,
-        autoregressive_s=times[0], speculative_s=times[1],
-        acceptance_rate=spec.speculation.acceptance_rate,
-        tokens_per_step=spec.speculation.tokens_per_step,
-        identical_texts=texts[0] == texts[1],
-    )
 
 
 def compare_report(a: BenchmarkResult, b: BenchmarkResult) -> str:

@@ -26,34 +26,60 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", default=None, metavar="MODEL2",
                    help="benchmark a second model in the same process, in alternating rounds, "
                         "and print the ratio")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="with --compare: alternating rounds of --time / rounds seconds each")
-    p.add_argument("--draft-model", default=None, metavar="DRAFT",
-                   help="compare autoregressive vs speculative decoding with this draft model")
-    p.add_argument("--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--adaptive-speculation", action="store_true",
-                   help="draft fewer tokens (down to 1) while drafts get rejected, up to "
-                        "--num-speculative-tokens while they are accepted")
-    p.add_argument("--draft-weights", default=None,
-                   help="convert the draft's weights on load (e.g. sparse_int4_g32 for a pruned "
-                        "checkpoint; its lm_head gets the dense twin, int4_g32)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="with --compare: alternating rounds of --time / rounds seconds each "
+                        "(default 5); with --speculation: runs of every prompt and method, "
+                        "each time the median (default 1)")
+    spec = p.add_argument_group(
+        "speculative decoding", "--speculation: plain decode and each drafting method on every "
+        "prompt of a prompt set, greedy, one prompt at a time; per method the speedup over "
+        "plain decode (median, worst, best, per kind of prompt), the acceptance rate and "
+        "whether every output equals plain decode's")
+    spec.add_argument("--speculation", action="store_true",
+                      help="benchmark speculative decoding (implied by --prompts and "
+                           "--draft-model)")
+    spec.add_argument("--prompts", default=None, metavar="FILE",
+                      help="JSON lines ({\"prompt\": ...} or {\"messages\": [...]}, optional "
+                           "\"name\", \"kind\") or one prompt per line (default: the shipped "
+                           "set of code, prose, chat and copy-heavy prompts)")
+    spec.add_argument("--draft-model", action="append", default=None, metavar="DRAFT",
+                      help="a draft model to benchmark, alone and behind prompt lookup; "
+                           "repeatable; 'auto': the model drafting for itself (the default)")
+    spec.add_argument("--draft-weights", default=None, metavar="FORMAT",
+                      help="convert the drafts' weights on load (for 'auto': the format the "
+                           "model drafts in, default int8_a8)")
+    spec.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
+                      help="benchmark prompt lookup, alone and in front of each draft "
+                           "(default: yes)")
+    spec.add_argument("--num-speculative-tokens", type=int, default=4,
+                      help="most tokens drafted per step (default 4)")
+    spec.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction,
+                      default=True,
+                      help="draft 0 to --num-speculative-tokens tokens per step, as measured "
+                           "acceptance and cost make worthwhile (the default, as in generate "
+                           "and serve)")
     p.add_argument("--export-json", default=None, metavar="FILE")
 
 
 def main(args: argparse.Namespace) -> int:
     from ..atomic import write_json_atomic
-    from ..benchmark import benchmark, benchmark_compare, benchmark_speculative, compare_report
+    from ..benchmark import benchmark, benchmark_compare, compare_report
 
-    if args.draft_model:
-        spec = benchmark_speculative(
-            args.model, args.draft_model, args.num_speculative_tokens,
-            prompts=max(args.batch_size, 4), input_ids_length=args.input_ids_length,
-            generated_tokens=args.generated_tokens, num_cores=args.num_cores,
-            weights=args.weights, draft_weights=args.draft_weights,
-            adaptive=args.adaptive_speculation, kv_cache_dtype=args.kv_cache_dtype)
-        print(spec.report())
+    rounds = args.rounds
+    if args.speculation or args.prompts or args.draft_model:
+        from ..speculation_benchmark import DEFAULT_PROMPTS, benchmark_speculation
+
+        result = benchmark_speculation(
+            args.model, args.prompts or DEFAULT_PROMPTS,
+            draft_models=args.draft_model or ["auto"], draft_weights=args.draft_weights,
+            prompt_lookup=args.prompt_lookup, num_speculative_tokens=args.num_speculative_tokens,
+            adaptive=args.adaptive_speculation, generated_tokens=args.generated_tokens,
+            rounds=1 if rounds is None else rounds, weights=args.weights,
+            num_cores=args.num_cores,
+            kv_cache_dtype=args.kv_cache_dtype)
+        print(result.report())
         if args.export_json:
-            write_json_atomic(args.export_json, spec.to_dict())
+            write_json_atomic(args.export_json, result.to_dict())
         return 0
 
     settings = dict(batch_size=args.batch_size, scenario=args.scenario,
@@ -62,7 +88,8 @@ def main(args: argparse.Namespace) -> int:
                     warmup_time=args.warmup_time, num_cores=args.num_cores,
                     kv_cache_dtype=args.kv_cache_dtype)
     if args.compare:
-        results = list(benchmark_compare(args.model, args.compare, rounds=args.rounds,
+        results = list(benchmark_compare(args.model, args.compare,
+                                         rounds=5 if rounds is None else rounds,
                                          weights=args.weights, **settings))
         print(results[0].report())
         print()
