@@ -9,7 +9,8 @@ import pytest
 
 from sparsellm.compression import parse_recipe
 from sparsellm.compression.calibration import SequentialCompressor, calibration_samples
-from sparsellm.compression.recipe import build_plan, weight_modules
+from sparsellm.compression.plan import weight_modules
+from sparsellm.compression.recipe import build_plan
 from sparsellm.models import load_checkpoint
 from sparsellm.models.lazy import LazyTensors
 

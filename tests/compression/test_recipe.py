@@ -12,7 +12,16 @@ from sparsellm.compression import (
     SparseGPTModifier,
     parse_recipe,
 )
-from sparsellm.compression.recipe import build_plan, match_target, resolve_targets, weight_modules
+from sparsellm.compression.modifiers import (
+    GPTQ,
+    EmbeddingRows,
+    KeepZeros,
+    Magnitude,
+    RoundToNearest,
+    SparseGPT,
+)
+from sparsellm.compression.plan import match_target, resolve_targets, weight_modules
+from sparsellm.compression.recipe import build_plan
 
 LLMC_RECIPE = """
 sparsity_stage:
@@ -46,10 +55,11 @@ def test_seed_recipe_parses_and_plans(seed_recipe):
                                                                "SparseGPTModifier"]
     plan = build_plan(recipe, weight_modules([], 2), tied_embeddings=True)
     emb = plan.tensors["model.embed_tokens"]
-    assert emb.prune is None and emb.quant.weight_format(64).symmetric is False
+    assert emb.prune is None and isinstance(emb.quant, EmbeddingRows)
+    assert emb.quant.weight_format(64).symmetric is False
     assert emb.quant.input_activations is None
     q = plan.tensors["model.layers.1.mlp.down_proj"]
-    assert q.prune.method == "sparsegpt" and q.prune.sparsity == 0.5 and q.prune.joint_quant
+    assert isinstance(q.prune, SparseGPT) and q.prune.sparsity == 0.5 and q.prune.joint_quant
     fmt = q.quant.weight_format(128)
     assert (fmt.bits, fmt.group_size, fmt.symmetric, fmt.activation_bits) == (8, None, True, 8)
     assert plan.notes == []  # ignoring non-weight classes and post_oneshot_calibration: quiet
@@ -62,7 +72,7 @@ def test_llm_compressor_recipe():
     t = plan.tensors["model.layers.0.self_attn.q_proj"]
     assert (t.prune.prunen, t.prune.prunem, t.prune.blocksize, t.prune.percdamp) == (2, 4, 64,
                                                                                        0.02)
-    assert t.quant.method == "gptq"
+    assert isinstance(t.quant, GPTQ)
     fmt = t.quant.weight_format(64)
     assert (fmt.bits, fmt.group_size, fmt.symmetric) == (4, 32, False)
 
@@ -86,7 +96,7 @@ def test_modifier_objects_and_magnitude():
     assert plan.tensors["model.layers.0.mlp.down_proj"].quant is not None
     assert plan.tensors["model.layers.0.mlp.up_proj"].quant is None
     plan = build_plan(parse_recipe("MagnitudePruningModifier: {final_sparsity: 0.4}"), MODULES)
-    assert plan.tensors["model.layers.0.mlp.up_proj"].prune.method == "magnitude"
+    assert isinstance(plan.tensors["model.layers.0.mlp.up_proj"].prune, Magnitude)
     assert "lm_head" not in plan.tensors  # default targets are the decoder layers
 
 
@@ -148,7 +158,7 @@ def test_constant_pruning_and_quantize_false():
     plan = build_plan(parse_recipe(
         "ConstantPruningModifier: {targets: [Linear]}\nGPTQModifier: {scheme: W8A16}"), MODULES)
     t = plan.tensors["lm_head"]
-    assert t.prune.method == "constant" and t.quant.method == "gptq"
+    assert isinstance(t.prune, KeepZeros) and isinstance(t.quant, GPTQ)
     plan = build_plan(parse_recipe(
         "SparseGPTModifier: {sparsity: 0.5, quantize: false}\n"
         "QuantizationModifier: {scheme: W8A16}"), MODULES)
@@ -364,8 +374,8 @@ def test_resolve_targets_specificity_notes_and_errors():
 
 def quant_of(plan, name="model.layers.0.mlp.up_proj"):
     q = plan.tensors[name].quant
-    return (q.method, q.weights.num_bits, q.weights.group_size, q.weights.strategy,
-            q.input_activations, q.blocksize, q.percdamp, q.actorder)
+    return (type(q), q.weights.num_bits, q.weights.group_size, q.weights.strategy,
+            q.input_activations)
 
 
 def test_plan_quantization_settings_per_modifier_and_kind():
@@ -375,11 +385,13 @@ def test_plan_quantization_settings_per_modifier_and_kind():
     plan = build_plan(parse_recipe(
         "GPTQModifier: {scheme: W8A8, targets: [Linear, Embedding], block_size: 32, "
         "dampening_frac: 0.05, actorder: static}"), MODULES)
-    assert quant_of(plan) == ("gptq", 8, None, "channel", a8, 32, 0.05, True)
-    # the embedding is quantized round-to-nearest, without int8 activations
-    assert quant_of(plan, "model.embed_tokens")[:5] == ("rtn", 8, None, "channel", None)
+    assert quant_of(plan) == (GPTQ, 8, None, "channel", a8)
+    gptq = plan.tensors["model.layers.0.mlp.up_proj"].quant
+    assert (gptq.blocksize, gptq.percdamp, gptq.actorder) == (32, 0.05, True)
+    # the embedding is quantized round-to-nearest, row by row, without int8 activations
+    assert quant_of(plan, "model.embed_tokens") == (EmbeddingRows, 8, None, "channel", None)
     plan = build_plan(parse_recipe("QuantizationModifier: {scheme: W4A16}"), MODULES)
-    assert quant_of(plan) == ("rtn", 4, 128, "group", None, 128, 0.01, False)
+    assert quant_of(plan) == (RoundToNearest, 4, 128, "group", None)
     assert plan.tensors["model.layers.0.mlp.up_proj"].module == MODULES[6]
     # channel strategy: no group size, whatever group_size says
     plan = build_plan(parse_recipe("QuantizationModifier: {config_groups: {g: {weights: "
@@ -431,15 +443,13 @@ def test_plan_pruning_settings_and_notes():
         "MagnitudePruningModifier: {final_sparsity: 0.4, mask_structure: '2:4'}\n"
         "GPTQModifier: {scheme: W8A16}"), MODULES)
     t = plan.tensors["model.layers.0.mlp.up_proj"]
-    assert (t.prune.method, t.prune.sparsity, t.prune.prunen, t.prune.prunem, t.prune.blocksize,
-            t.prune.percdamp, t.prune.joint_quant) == ("magnitude", 0.5, 2, 4, 128, 0.01, False)
+    assert t.prune == Magnitude(sparsity=0.5, prunen=2, prunem=4)  # nothing else to set
     assert t.prune.structure == "2:4" and plan.notes == []  # no joint solve to skip
     t = build_plan(parse_recipe(
         "SparseGPTModifier: {sparsity: 0.5, block_size: 16, dampening_frac: 0.1}"),
         MODULES).tensors["model.layers.1.self_attn.o_proj"]
-    assert (t.prune.method, t.prune.sparsity, t.prune.structure, t.prune.blocksize,
-            t.prune.percdamp, t.prune.joint_quant, t.quant) == (
-        "sparsegpt", 0.5, "unstructured", 16, 0.1, True, None)
+    assert t.prune == SparseGPT(sparsity=0.5, blocksize=16, percdamp=0.1, joint_quant=True)
+    assert t.prune.structure == "unstructured" and t.quant is None
     alone = build_plan(parse_recipe("SparseGPTModifier: {sparsity: 0.5, quantize: false}"),
                        MODULES)
     assert alone.notes == []  # nothing quantizes it: nothing to note
@@ -456,7 +466,7 @@ def test_plan_pruning_settings_and_notes():
                       MODULES)
     assert list(plan.tensors) == ["model.layers.0.self_attn.q_proj",
                                   "model.layers.1.self_attn.q_proj"]
-    assert plan.tensors["model.layers.0.self_attn.q_proj"].prune.method == "constant"
+    assert isinstance(plan.tensors["model.layers.0.self_attn.q_proj"].prune, KeepZeros)
 
 
 @pytest.mark.parametrize("text,message", [

@@ -28,8 +28,9 @@ from .modifiers import (
     QuantizationModifier,
     SparseGPTModifier,
 )
+from .plan import RecipeError, weight_modules
 from .quantize import quantize_embedding, rtn_quantize
-from .recipe import Recipe, RecipeError, build_plan, parse_recipe, weight_modules
+from .recipe import Recipe, build_plan, parse_recipe
 from .sparsegpt import accumulate_hessian, obs_compress, sparsegpt_prune
 
 logger = logging.getLogger(__name__)

@@ -16,22 +16,18 @@ import random
 import time
 from collections import ChainMap
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ..models.checkpoint import Checkpoint
-from ..models.compressed import measured_structure
 from ..models.decoder import DecoderModel, Linears, attention, linear_weight_shape
-from ..models.formats import QuantizedTensor, WeightFormat
+from ..models.formats import DENSE_FP32, QuantizedTensor, WeightFormat
 from ..progress import progress_bar
-from .gptq import gptq_quantize
-from .magnitude import magnitude_prune
-from .quantize import quantize_embedding, rtn_quantize
-from .recipe import Plan, TensorPlan
+from .plan import Plan, Pruned, TensorPlan
 from .save import CompressedModel, encode_tensor
-from .sparsegpt import accumulate_hessian, obs_compress
+from .sparsegpt import accumulate_hessian
 
 logger = logging.getLogger(__name__)
 
@@ -102,55 +98,34 @@ def _rel_error(w: np.ndarray, w_new: np.ndarray, h: np.ndarray | None) -> tuple[
     return float(np.sqrt(max(num, 0.0) / max(den, 1e-30))), "output"
 
 
-def compress_weight(
-    w: np.ndarray, h: np.ndarray | None, plan: TensorPlan
-) -> tuple[np.ndarray, QuantizedTensor | None, np.ndarray | None, WeightFormat]:
-    """One weight through its plan -> (new fp32 weight, integers or None, keep mask or None,
-    declared format)."""
-    prune, quant = plan.prune, plan.quant
-    fmt = quant.weight_format(w.shape[1]) if quant else WeightFormat()
-    if plan.module.kind == "Embedding":
-        qt = quantize_embedding(w, fmt)
-        return qt.dequantize(), qt, None, qt.format
-    keep = None
-    if prune is not None:
-        structure = prune.structure
-        if prune.method == "sparsegpt":
-            if h is None:
-                raise ValueError(f"{plan.module.name}: SparseGPT needs calibration inputs")
-            joint = quant is not None and prune.joint_quant
-            res = obs_compress(w, h, sparsity=prune.sparsity, prunen=prune.prunen,
-                               prunem=prune.prunem, quant=fmt if joint else None,
-                               blocksize=prune.blocksize, percdamp=prune.percdamp)
-            keep = res.mask
-            if joint:
-                fmt = _with_sparsity(fmt, prune.structure)
-                qt = QuantizedTensor(res.q, res.scale, res.zero_point, fmt, keep)
-                return qt.dequantize(), qt, keep, fmt
-            w = res.weight
-        elif prune.method == "magnitude":
-            w, keep = magnitude_prune(w, prune.sparsity, prune.prunen, prune.prunem)
-        else:  # constant: keep the zeros the weight already has; their structure is measured
-            keep = w != 0
-            structure = None if keep.all() else measured_structure(~keep)
-            if structure is None:
-                keep = None
-        fmt = _with_sparsity(fmt, structure)
-    if quant is None:
-        return np.asarray(w, dtype=np.float32), None, keep, fmt
-    if quant.method == "gptq" and h is not None:
-        qt = gptq_quantize(w, h, fmt, blocksize=quant.blocksize, percdamp=quant.percdamp,
-                           actorder=quant.actorder, mask=keep)
-    else:
-        qt = rtn_quantize(w, fmt, mask=keep)
-    qt.format = _with_sparsity(qt.format, fmt.sparsity)
-    return qt.dequantize(), qt, keep, qt.format
+@dataclass
+class Compressed:
+    """One weight after its plan: the values the model runs, its declared format, and what the
+    writer stores (the integers, or the keep mask of float weights)."""
+
+    weight: np.ndarray  # (out, in) fp32 (the dequantized integers when quantized)
+    format: WeightFormat
+    keep: np.ndarray | None = None  # (out, in) bool, True = kept; None = nothing pruned
+    quantized: QuantizedTensor | None = None
 
 
-def _with_sparsity(fmt: WeightFormat, sparsity: str | None) -> WeightFormat:
-    from dataclasses import replace
-
-    return replace(fmt, sparsity=sparsity)
+def compress_weight(w: np.ndarray, h: np.ndarray | None, plan: TensorPlan) -> Compressed:
+    """One weight (out, in) through its plan, given the Hessian h (in, in) of its inputs:
+    pruning, then quantization unless the pruning already did it (a joint solve). The steps do
+    the work; this knows no modifier."""
+    for step in plan.steps:
+        if step.needs_hessian and h is None:
+            raise ValueError(f"{plan.module.name}: {type(step).__name__} needs calibration "
+                             "inputs")
+    quant = plan.quant.weight_format(w.shape[1]) if plan.quant else None
+    pruned = plan.prune.prune(w, h, quant) if plan.prune else Pruned(w)
+    fmt = replace(quant or DENSE_FP32, sparsity=pruned.structure)
+    qt = pruned.quantized
+    if qt is None and plan.quant is not None:
+        qt = plan.quant.quantize(pruned.weight, h, fmt, pruned.keep)
+    if qt is None:
+        return Compressed(np.asarray(pruned.weight, dtype=np.float32), fmt, pruned.keep)
+    return Compressed(qt.dequantize(), qt.format, pruned.keep, qt)
 
 
 class _CompressingLinears(Linears):
@@ -204,19 +179,19 @@ class SequentialCompressor:
         start = time.perf_counter()
         name = module + ".weight"
         w = np.asarray(self.tensors[name], dtype=np.float32)
-        w_new, qt, keep, fmt = compress_weight(w, h, tp)
-        self.tensors[name] = w_new
+        new = compress_weight(w, h, tp)
+        self.tensors[name] = new.weight
         out = self.result.model
-        out.formats[name] = fmt
-        out.zeros[name] = int((w_new == 0).sum())
-        if qt is not None:
-            out.quantized[name] = qt
-        elif keep is not None:
-            out.masks[name] = keep
+        out.formats[name] = new.format
+        out.zeros[name] = int((new.weight == 0).sum())
+        if new.quantized is not None:
+            out.quantized[name] = new.quantized
+        elif new.keep is not None:
+            out.masks[name] = new.keep
         self.bar.update(w.size)
-        err, kind = _rel_error(w, w_new, h)
+        err, kind = _rel_error(w, new.weight, h)
         self.result.stats.append(TensorStats(
-            name, tuple(w.shape), fmt.name, float((w_new == 0).mean()), err, kind,
+            name, tuple(w.shape), new.format.name, float((new.weight == 0).mean()), err, kind,
             time.perf_counter() - start))
 
     def _finish(self, prefix: str) -> None:

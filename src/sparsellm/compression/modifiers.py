@@ -1,13 +1,29 @@
 """Recipe modifiers: strict pydantic configs (unknown keys are errors) around the pure
 compression functions. Both families are accepted: SparseML (`QuantizationModifier` with
 `scheme_overrides`, `SparseGPTModifier` with `quantize`) and llm-compressor (`scheme` presets,
-`config_groups`, `mask_structure`, `GPTQModifier`)."""
+`config_groups`, `mask_structure`, `GPTQModifier`).
+
+A modifier owns its plan: `Modifier.plan` selects the weights it targets and gives each one the
+step (plan.py `PruneStep` / `QuantStep`, defined next to the modifier) that says what it needs
+from calibration and how it compresses one weight. Nothing else knows the modifier's type.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..models.compressed import measured_structure
+from ..models.formats import QuantizedTensor, WeightFormat
+from .gptq import gptq_quantize
+from .magnitude import magnitude_prune
+from .plan import PlanContext, Planned, Pruned, PruneStep, QuantStep, TensorPlan
+from .quantize import effective_group_size, quantize_embedding, rtn_quantize
+from .sparsegpt import obs_compress
 
 
 class Strict(BaseModel):
@@ -22,6 +38,15 @@ class _ScheduleKeys(Strict):
     start: float | None = None
     end: float | None = None
     update: float | None = None
+
+
+class Modifier(_ScheduleKeys, ABC):
+    """A recipe entry: which weights it compresses and with which step."""
+
+    @abstractmethod
+    def plan(self, ctx: PlanContext) -> list[Planned]:
+        """One planned step per weight this modifier targets (`ctx.select`); errors are
+        `ctx.error(...)` (a RecipeError naming the modifier), notes `ctx.note(...)`."""
 
 
 class QuantizationArgs(Strict):
@@ -98,7 +123,78 @@ def preset_scheme(name: str, targets: list[str]) -> QuantizationScheme:
     return QuantizationScheme(targets=targets, **PRESET_SCHEMES[name.upper()])
 
 
-class QuantizationModifier(_ScheduleKeys):
+# ---- quantization -------------------------------------------------------------------------------
+_DYNAMIC_A8 = QuantizationArgs(num_bits=8, symmetric=True, strategy="token", dynamic=True)
+
+
+@dataclass(frozen=True)
+class RoundToNearest(QuantStep):
+    """Round-to-nearest integers (`rtn_quantize`); `input_activations` declares dynamic int8
+    activations (nothing to calibrate)."""
+
+    weights: QuantizationArgs
+    input_activations: QuantizationArgs | None = None
+
+    def weight_format(self, cols: int) -> WeightFormat:
+        w = self.weights
+        group = effective_group_size(cols, w.group_size) if w.strategy == "group" else None
+        act = self.input_activations.num_bits if self.input_activations else None
+        return WeightFormat(bits=w.num_bits, group_size=group, symmetric=w.symmetric,
+                            activation_bits=act)
+
+    def quantize(self, w: np.ndarray, h: np.ndarray | None, fmt: WeightFormat,
+                 keep: np.ndarray | None) -> QuantizedTensor:
+        return rtn_quantize(w, fmt, mask=keep)
+
+
+@dataclass(frozen=True)
+class EmbeddingRows(RoundToNearest):
+    """An embedding table quantized row by row (`quantize_embedding`'s format): each token's
+    vector gets its own scale, whatever the scheme's groups; activations stay float."""
+
+    def weight_format(self, cols: int) -> WeightFormat:
+        return WeightFormat(bits=self.weights.num_bits, symmetric=self.weights.symmetric)
+
+    def quantize(self, w: np.ndarray, h: np.ndarray | None, fmt: WeightFormat,
+                 keep: np.ndarray | None) -> QuantizedTensor:
+        return quantize_embedding(w, fmt)
+
+
+@dataclass(frozen=True)
+class GPTQ(RoundToNearest):
+    """GPTQ (`gptq_quantize`): rounding errors compensated through the input Hessian."""
+
+    blocksize: int = 128
+    percdamp: float = 0.01
+    actorder: bool = False
+    needs_hessian: ClassVar[bool] = True
+
+    def quantize(self, w: np.ndarray, h: np.ndarray | None, fmt: WeightFormat,
+                 keep: np.ndarray | None) -> QuantizedTensor:
+        assert h is not None  # needs_hessian: checked before any step runs
+        return gptq_quantize(w, h, fmt, blocksize=self.blocksize, percdamp=self.percdamp,
+                             actorder=self.actorder, mask=keep)
+
+
+def _check_scheme(scheme: QuantizationScheme, ctx: PlanContext) -> QuantizationArgs | None:
+    """Refuse bits sparsellm cannot run; -> the scheme's input activations as they run
+    (dynamic per-token int8) or None."""
+    assert scheme.weights is not None
+    if scheme.weights.num_bits not in (4, 8):
+        raise ctx.error(f"weights num_bits {scheme.weights.num_bits} is not supported; "
+                        "accepted: 4, 8")
+    acts = scheme.input_activations
+    if acts is not None and acts.num_bits != 8:
+        raise ctx.error(f"input_activations num_bits {acts.num_bits} is not supported; "
+                        "accepted: 8 (or null)")
+    if acts is not None and not (acts.dynamic and acts.strategy == "token"):
+        ctx.note(f"static {acts.strategy} int8 activations are stored as dynamic per-token "
+                 "int8 (no activation calibration)")
+        return _DYNAMIC_A8
+    return acts
+
+
+class QuantizationModifier(Modifier):
     """Round-to-nearest weight quantization (+ declared dynamic int8 activations)."""
 
     targets: str | list[str] = Field(default_factory=lambda: ["Linear"])
@@ -113,8 +209,6 @@ class QuantizationModifier(_ScheduleKeys):
     num_calibration_steps: int | None = None
     disable_quantization_observer_epoch: float | None = None
     freeze_bn_stats_epoch: float | None = None
-
-    method: ClassVar[str] = "rtn"
 
     @field_validator("scheme")
     @classmethod
@@ -155,6 +249,25 @@ class QuantizationModifier(_ScheduleKeys):
             out.append(preset_scheme("W8A8", targets))
         return out
 
+    def plan(self, ctx: PlanContext) -> list[Planned]:
+        """Each scheme's weights on its targets; the most specific target wins, then the later
+        scheme (compressed-tensors' rule): a step ranks by its target's specificity."""
+        planned = []
+        for scheme in self.schemes():
+            if scheme.weights is None:  # activations only: nothing to do to the weights
+                continue
+            acts = _check_scheme(scheme, ctx)
+            for module, specificity in ctx.select(scheme.targets, self.ignore):
+                step = EmbeddingRows(scheme.weights) if module.kind == "Embedding" else \
+                    self.linear_step(scheme.weights, acts)
+                planned.append(Planned(module, step, rank=specificity))
+        return planned
+
+    def linear_step(self, weights: QuantizationArgs,
+                    input_activations: QuantizationArgs | None) -> QuantStep:
+        """How this modifier quantizes a linear weight."""
+        return RoundToNearest(weights, input_activations)
+
 
 class GPTQModifier(QuantizationModifier):
     """GPTQ: quantization with Hessian-based error compensation (calibrated)."""
@@ -164,13 +277,17 @@ class GPTQModifier(QuantizationModifier):
     actorder: bool | Literal["static", "group", "weight"] | None = None
     sequential_update: bool = True
     offload_hessians: bool = False
-    method: ClassVar[str] = "gptq"
 
     @property
     def use_actorder(self) -> bool:
         """Activation order (any of True / static / group / weight): columns by decreasing
         Hessian diagonal, group scales computed up front ("static groups")."""
         return bool(self.actorder)
+
+    def linear_step(self, weights: QuantizationArgs,
+                    input_activations: QuantizationArgs | None) -> QuantStep:
+        return GPTQ(weights, input_activations, blocksize=self.block_size,
+                    percdamp=self.dampening_frac, actorder=self.use_actorder)
 
 
 def parse_mask_structure(value: str) -> tuple[int, int]:
@@ -185,7 +302,76 @@ def parse_mask_structure(value: str) -> tuple[int, int]:
     return n, m
 
 
-class _PruningModifier(_ScheduleKeys):
+# ---- pruning ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _TargetSparsity(PruneStep):
+    sparsity: float = 0.0  # of the whole matrix, when not N:M
+    prunen: int = 0  # N:M: `prunen` zeros in every `prunem` consecutive weights of a row
+    prunem: int = 0
+
+    @property
+    def structure(self) -> str:
+        return f"{self.prunem - self.prunen}:{self.prunem}" if self.prunen else "unstructured"
+
+
+@dataclass(frozen=True)
+class Magnitude(_TargetSparsity):
+    """Zero the smallest |w| (`magnitude_prune`)."""
+
+    def prune(self, w: np.ndarray, h: np.ndarray | None,
+              quant: WeightFormat | None) -> Pruned:
+        pruned, keep = magnitude_prune(w, self.sparsity, self.prunen, self.prunem)
+        return Pruned(pruned, keep, self.structure)
+
+
+@dataclass(frozen=True)
+class SparseGPT(_TargetSparsity):
+    """SparseGPT (`obs_compress`); with `joint_quant`, a weight that is also quantized is
+    pruned and quantized in the same solve."""
+
+    blocksize: int = 128
+    percdamp: float = 0.01
+    joint_quant: bool = True
+    needs_hessian: ClassVar[bool] = True
+
+    def prune(self, w: np.ndarray, h: np.ndarray | None,
+              quant: WeightFormat | None) -> Pruned:
+        assert h is not None  # needs_hessian: checked before any step runs
+        joint_fmt = quant if self.joint_quant else None
+        res = obs_compress(w, h, sparsity=self.sparsity, prunen=self.prunen,
+                           prunem=self.prunem, quant=joint_fmt, blocksize=self.blocksize,
+                           percdamp=self.percdamp)
+        if joint_fmt is None:
+            return Pruned(res.weight, res.mask, self.structure)
+        fmt = replace(joint_fmt, sparsity=self.structure)
+        return Pruned(res.weight, res.mask, self.structure,
+                      QuantizedTensor(res.q, res.scale, res.zero_point, fmt, res.mask))
+
+    def note(self, plan: TensorPlan) -> str | None:
+        if plan.quant is not None and not self.joint_quant:
+            return f"{plan.module.name}: pruned by SparseGPT, then quantized separately " \
+                "(quantize: false)"
+        return None
+
+
+@dataclass(frozen=True)
+class KeepZeros(PruneStep):
+    """Keep the zeros a weight already has; their structure is measured."""
+
+    def prune(self, w: np.ndarray, h: np.ndarray | None,
+              quant: WeightFormat | None) -> Pruned:
+        keep = w != 0
+        structure = None if keep.all() else measured_structure(~keep)
+        return Pruned(w, keep if structure else None, structure)
+
+
+# Two pruning steps for one weight: the later modifier's wins (targets' specificity plays no
+# part), except that keeping zeros never replaces a pruning.
+_PRUNING_RANK = 1
+_KEEP_ZEROS_RANK = 0
+
+
+class _PruningModifier(Modifier):
     sparsity: float | None = Field(default=None, ge=0.0, lt=1.0)
     mask_structure: str = "0:0"
     targets: str | list[str] = Field(
@@ -208,6 +394,20 @@ class _PruningModifier(_ScheduleKeys):
     def target_sparsity(self) -> float:
         n, m = self.nm
         return n / m if m else float(self.sparsity or 0.0)
+
+    @abstractmethod
+    def pruning(self) -> PruneStep:
+        """The step this modifier gives each weight it targets."""
+
+    def plan(self, ctx: PlanContext) -> list[Planned]:
+        step = self.pruning()
+        planned = []
+        for module, _ in ctx.select(self.targets, self.ignore):
+            if module.kind != "Linear":
+                raise ctx.error(f"{module.name} is an embedding; pruning applies to linear "
+                                "layers (add it to `ignore`)")
+            planned.append(Planned(module, step, rank=_PRUNING_RANK))
+        return planned
 
 
 class SparseGPTModifier(_PruningModifier):
@@ -240,6 +440,11 @@ class SparseGPTModifier(_PruningModifier):
             raise ValueError("SparseGPTModifier needs `sparsity` or an N:M `mask_structure`")
         return self
 
+    def pruning(self) -> PruneStep:
+        n, m = self.nm
+        return SparseGPT(self.target_sparsity, n, m, blocksize=self.block_size,
+                         percdamp=self.dampening_frac, joint_quant=bool(self.quantize))
+
 
 class MagnitudePruningModifier(_PruningModifier):
     """Magnitude pruning (the baseline): zero the smallest |w|."""
@@ -264,8 +469,12 @@ class MagnitudePruningModifier(_PruningModifier):
                              "or an N:M `mask_structure`")
         return self
 
+    def pruning(self) -> PruneStep:
+        n, m = self.nm
+        return Magnitude(self.target_sparsity, n, m)
 
-class ConstantPruningModifier(_ScheduleKeys):
+
+class ConstantPruningModifier(Modifier):
     """Keep the zeros the weights already have (a previously pruned model stays sparse through
     quantization)."""
 
@@ -274,13 +483,18 @@ class ConstantPruningModifier(_ScheduleKeys):
     params: str | list[str] | None = None
     leave_enabled: bool = True
 
+    def plan(self, ctx: PlanContext) -> list[Planned]:
+        # An embedding is quantized row by row and never stored sparse: no zeros to keep.
+        targets = self.params if self.params is not None else self.targets
+        return [Planned(module, KeepZeros(), rank=_KEEP_ZEROS_RANK)
+                for module, _ in ctx.select(targets, self.ignore) if module.kind == "Linear"]
 
-MODIFIERS: dict[str, type[BaseModel]] = {
+
+# The names recipes spell modifiers with.
+MODIFIERS: dict[str, type[Modifier]] = {
     "SparseGPTModifier": SparseGPTModifier,
     "GPTQModifier": GPTQModifier,
     "QuantizationModifier": QuantizationModifier,
     "MagnitudePruningModifier": MagnitudePruningModifier,
     "ConstantPruningModifier": ConstantPruningModifier,
 }
-Modifier = (SparseGPTModifier | GPTQModifier | QuantizationModifier | MagnitudePruningModifier
-            | ConstantPruningModifier)
