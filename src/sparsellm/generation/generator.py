@@ -159,8 +159,11 @@ class BatchGenerator:
         """Admit waiting requests (prefill + first token), then one batched decode step."""
         events: list[TokenEvent] = []
         decoding = [r for r, live in self.active.items() if live.next_token is not None]
+        speculated = None
         if decoding and self.speculator is not None and self.speculator.drafts(decoding):
-            events += self._speculative_step(decoding)
+            speculated = self._speculative_step(decoding)
+        if speculated is not None:
+            events += speculated
         elif decoding:
             began = time.perf_counter()
             tokens = [self.active[r].next_token for r in decoding]
@@ -210,8 +213,9 @@ class BatchGenerator:
         token = live.sampler(logits, live.history)
         return self._emit(r, token, logits)
 
-    def _speculative_step(self, decoding: list[GenerationRequest]) -> list[TokenEvent]:
-        """Each sequence gets its accepted drafted tokens and the main model's next one."""
+    def _speculative_step(self, decoding: list[GenerationRequest]) -> list[TokenEvent] | None:
+        """Each sequence gets its accepted drafted tokens and the main model's next one; None
+        if nothing was drafted (the step then decodes plainly)."""
         assert self.speculator is not None
         seqs = []
         for r in decoding:
@@ -222,8 +226,11 @@ class BatchGenerator:
                        self.engine.sequence_length - self.engine.length(r.slot)) - 1
             seqs.append(SpeculativeSequence(r, r.slot, live.next_token, room, live.sampler,
                                             live.history))
+        verified = self.speculator.step(self.engine, seqs)
+        if verified is None:
+            return None
         events = []
-        for r, kept in zip(decoding, self.speculator.step(self.engine, seqs), strict=True):
+        for r, kept in zip(decoding, verified, strict=True):
             for token, row in zip(kept.tokens, kept.logits, strict=False):
                 event = self._emit(r, token, row)
                 events.append(event)

@@ -273,15 +273,20 @@ class Speculator:
             self.length.observe(key, 0, 0)
         self.length.step_time(len(keys), 0, seconds)
 
-    def step(self, engine: Engine, seqs: list[SpeculativeSequence]) -> list[Verified]:
+    def step(self, engine: Engine, seqs: list[SpeculativeSequence]) -> list[Verified] | None:
         """Draft for every sequence (the lengths `drafts` found for this step), verify all
         proposals in one `engine` step (every row scored), accept, and trim both caches to
-        what was kept."""
+        what was kept. None if no sequence got a proposal (e.g. prompt lookup found no match):
+        the caller then decodes plainly, at a plain step's cost, and reports `decoded_plainly`."""
         began = time.perf_counter()
         ks = [max(0, min(self._planned[s.key], s.room)) for s in seqs]
         proposals = self.drafter.propose([
             DraftRequest(s.key, s.next_token, k, s.sampler, s.history)
             for s, k in zip(seqs, ks, strict=True)])
+        if not any(p.tokens for p in proposals):
+            for s in seqs:
+                self.drafter.accepted(s.key, 0)
+            return None
         verify = [[s.next_token] + p.tokens for s, p in zip(seqs, proposals, strict=True)]
         lengths = [engine.length(s.slot) for s in seqs]
         logits = engine.step([s.slot for s in seqs], verify,
