@@ -17,7 +17,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-ALL=(generation/sampling.py generation/speculative.py compression/recipe.py server/schemas.py)
+ALL=(generation/sampling.py generation/speculative.py compression/recipe.py compression/plan.py
+     server/schemas.py)
 
 # The tests that exercise each module (slow ones are deselected below).
 tests_for() {
@@ -25,6 +26,7 @@ tests_for() {
     generation/sampling.py) echo "tests/generation/test_sampling.py tests/generation/test_generation_config.py tests/generation/test_generator.py" ;;
     generation/speculative.py) echo "tests/generation/test_speculative.py" ;;
     compression/recipe.py) echo "tests/compression/test_recipe.py" ;;
+    compression/plan.py) echo "tests/compression/test_recipe.py tests/compression/test_modifiers.py" ;;
     server/schemas.py) echo "tests/server/test_schemas.py" ;;
     *) echo "unknown module '$1'; one of: ${ALL[*]}" >&2; return 2 ;;
   esac
