@@ -126,6 +126,50 @@ def test_a_drafting_method_is_one_small_class(main_and_draft):
         BatchGenerator(engine, main.tokenizer, draft=engine, speculator=gen.speculator)
 
 
+class _SometimesDrafter(_RepeatDrafter):
+    """Proposes (the last token again) only on every third step; nothing otherwise, as prompt
+    lookup does where it finds no match."""
+
+    def __init__(self, vocab: int):
+        super().__init__(vocab)
+        self.calls = 0
+
+    def propose(self, requests):
+        self.calls += 1
+        if self.calls % 3:
+            return [Proposal() for _ in requests]
+        return super().propose(requests)
+
+
+def test_a_step_with_nothing_proposed_decodes_plainly(main_and_draft):
+    """No verification step when no sequence got a proposal: the engine decodes one token per
+    sequence (decode_step), and the output stays plain decode's."""
+    main, _ = main_and_draft
+    config = GenerationConfig(max_generated_tokens=30, force_max_tokens=True)
+    plain, _ = _run(main, PROMPTS[:3], config)
+    engine = Engine(main, sequence_length=256, max_sequences=4)
+    drafter = _SometimesDrafter(engine.vocab_size)
+    gen = BatchGenerator(engine, main.tokenizer, main.eos_token_ids,
+                         speculator=Speculator(drafter, num_speculative_tokens=2, adaptive=False))
+    calls = {"decode_step": 0, "step": 0}
+    for name in calls:
+        method = getattr(engine, name)
+
+        def counted(*args, _method=method, _name=name, **kwargs):
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+        setattr(engine, name, counted)
+    reqs = gen.run([GenerationRequest(main.tokenizer.encode(p), config) for p in PROMPTS[:3]])
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+    # every step asked the drafter; two in three proposed nothing and decoded plainly
+    assert calls["decode_step"] == drafter.calls - drafter.calls // 3 > 0
+    # at most one verification per sequence on the steps that proposed (fewer at the end,
+    # when a sequence has no room left to draft)
+    assert 0 < gen.speculation.steps <= 3 * (drafter.calls // 3)
+    # the drafter hears "0 kept" after an empty proposal too
+    assert len(drafter.kept) > gen.speculation.steps
+
+
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_greedy_speculative_equals_plain(main_and_draft, k):
     main, draft = main_and_draft
