@@ -31,7 +31,7 @@ LAYERS: list[dict[str, list[str]]] = [
     {"engine": ["engine"]},
     {"generation": ["generation"]},
     {"applications": ["pipeline", "benchmark", "speculation_benchmark", "export", "evaluation"]},
-    {"entry points": ["cli", "commands", "server", ""]},
+    {"entry points": ["cli", "commands", "server", "cluster", ""]},
 ]
 
 

@@ -16,6 +16,8 @@ SUBCOMMANDS = {
     "eval": "evaluate models: perplexity on a dataset or HumanEval pass@1, one row per model",
     "benchmark": "measure decode and prefill speed, latency, memory and bandwidth",
     "serve": "serve models over HTTP: /predict, an OpenAI-compatible API and a playground",
+    "batch": "generate for every row of a file (OpenAI Batch API form or one prompt per line), "
+             "locally or on a Ray cluster",
 }
 
 

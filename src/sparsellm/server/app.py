@@ -51,18 +51,13 @@ def create_app(provider: ModelProvider, config: ServerConfig | None = None) -> F
             log.exception("loading the model(s) failed")
             state.load_error = f"{type(e).__name__}: {e}"
             return
-        for m in served:
-            m.scheduler.start()
-        state.models = {m.name: m for m in served}
-        state.ready = True
-        log.info("ready: serving %s", ", ".join(state.models))
+        state.start(served)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
         threading.Thread(target=load, name="model-load", daemon=True).start()
         yield
-        for m in state.models.values():
-            m.scheduler.stop()
+        state.stop()
 
     app = FastAPI(title="sparsellm", version=__version__, lifespan=lifespan,
                   description="Text generation on CPUs: DeepSparse-style /predict and an "

@@ -41,6 +41,18 @@ class ServerState:
     inflight: int = 0  # HTTP requests being handled (for the SIGTERM drain)
 
     # ---- models ---------------------------------------------------------------------------------
+    def start(self, served: list[ServedModel]) -> None:
+        """Serve these loaded models: their schedulers run from now on."""
+        for m in served:
+            m.scheduler.start()
+        self.models = {m.name: m for m in served}
+        self.ready = True
+        log.info("ready: serving %s", ", ".join(self.models))
+
+    def stop(self) -> None:
+        for m in self.models.values():
+            m.scheduler.stop()
+
     def model(self, name: str | None) -> ServedModel:
         """The served model called `name` (the first endpoint when None)."""
         names = [e.name for e in self.endpoints]
