@@ -63,6 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="FORMAT",
                    help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8) "
                    "instead of running the checkpoint's declared formats")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="perplexity and humaneval: spread the samples or problems over a Ray "
+                        "cluster (ADDRESS host:port or 'auto'; without one, $RAY_ADDRESS or a "
+                        'new local instance; pip install "sparsellm[ray]")')
+    p.add_argument("--workers", type=int, default=None,
+                   help="with --ray: parts run at once, each an engine of --num-cores threads "
+                        "(default: the cluster's CPUs / --num-cores)")
     p.add_argument("--export-json", default=None, metavar="FILE",
                    help="write the results (a JSON list, one object per model) to FILE")
 
@@ -92,6 +99,17 @@ def main(args: argparse.Namespace) -> int:
             print('sparsellm eval: error: --integration lm-evaluation-harness needs lm-eval: '
                   'pip install "sparsellm[lm-eval]"', file=sys.stderr)
             return 2
+    if args.workers is not None and args.ray is None:
+        raise ValueError("--workers is for --ray")
+    if args.ray is not None and harness:
+        raise ValueError("--ray spreads perplexity and humaneval; lm-evaluation-harness runs "
+                         "in this process")
+    workers = None
+    if args.ray is not None:
+        from ..cluster.evaluate import RayWorkers
+
+        workers = RayWorkers(args.ray or None, args.workers, args.num_cores or 1)
+        args.num_cores = args.num_cores or 1  # each worker's engine
     results = []
     for model in args.models or [DEFAULT_MODEL]:
         r = evaluate(
@@ -105,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
             prompt_processing_sequence_length=args.prompt_processing_sequence_length,
             num_cores=args.num_cores,
             weights=args.weights,
+            workers=workers,
         )
         if not results:  # the header once the first model evaluated (errors come first)
             print(_row(columns, [name for name, _, _ in columns]), flush=True)

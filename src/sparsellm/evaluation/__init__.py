@@ -16,16 +16,22 @@ integration="lm-evaluation-harness", `datasets` names lm-eval tasks (the optiona
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from .. import datasets as ds
 from ..models import Checkpoint, load_checkpoint
 from ..progress import progress_bar
-from .humaneval import STOP_SEQUENCES, check_problems, execute_completions, generate_completions
-from .perplexity import perplexity_of, plan_windows, score_token_ids, token_nll
+from .humaneval import (
+    STOP_SEQUENCES,
+    Completion,
+    check_problems,
+    execute_completions,
+    generate_completions,
+)
+from .perplexity import ScoreTotals, perplexity_of, plan_windows, score_token_ids, token_nll
 from .result import EvaluationResult, HarnessResult, HumanEvalResult, PerplexityResult
 from .sandbox import ExecutionResult, run_program, run_programs
 
@@ -34,8 +40,24 @@ INTEGRATIONS = ("perplexity", "humaneval", HARNESS)
 MAX_DEFAULT_SEQUENCE_LENGTH = 2048
 DEFAULT_MAX_GENERATED_TOKENS = 384
 
+T = TypeVar("T")
+
+
+class Workers(Protocol):
+    """Runs the independent parts of an evaluation (perplexity samples, HumanEval problems) in
+    other processes, e.g. `sparsellm.cluster.evaluate.RayWorkers`; each part loads the model by
+    its path."""
+
+    count: int  # parts to split the work into
+
+    def map(self, fn: Callable[..., T], args: list[tuple[Any, ...]],
+            on_done: Callable[[int], None]) -> list[T]:
+        """[fn(*a) for a in args], computed elsewhere; on_done(i) as part i finishes."""
+        ...
+
+
 __all__ = [
-    "HARNESS", "INTEGRATIONS", "EvalSettings", "EvaluationResult", "ExecutionResult",
+    "HARNESS", "INTEGRATIONS", "EvalSettings", "Workers", "EvaluationResult", "ExecutionResult",
     "HarnessResult", "HumanEvalResult",
     "PerplexityResult", "evaluate", "evaluate_humaneval", "evaluate_perplexity", "format_name",
     "perplexity_of", "plan_windows", "run_program", "run_programs", "score_token_ids",
@@ -61,6 +83,7 @@ def evaluate(
     progress: bool | None = None,
     num_fewshot: int | None = None,
     include_path: str | Path | Sequence[str | Path] | None = None,
+    workers: Workers | None = None,
 ) -> EvaluationResult:
     """Evaluate `model` with `integration` ("perplexity", "humaneval" or
     "lm-evaluation-harness") on `datasets` (default openai_humaneval).
@@ -82,6 +105,10 @@ def evaluate(
     requests through the generation core), `num_fewshot` examples, task YAML files from the
     folders in `include_path` besides lm-eval's own; `limit` documents per task.
 
+    `workers` (perplexity and humaneval) splits the samples or problems into `workers.count`
+    parts run elsewhere, e.g. on a Ray cluster; the numbers are a local run's (the engine is
+    batch invariant: a token's logits do not depend on what shares its step).
+
     `weights` converts every linear weight on load (e.g. "int8_a8") instead of running the
     checkpoint's declared formats. `limit` evaluates the first N samples; `progress` shows a
     progress bar (default: only on a terminal). Bad settings, missing files and unknown columns
@@ -96,6 +123,9 @@ def evaluate(
     if num_fewshot is not None and (not isinstance(num_fewshot, int) or num_fewshot < 0):
         raise ValueError(f"num_fewshot must be an integer >= 0, got {num_fewshot!r}")
     if integration == HARNESS:
+        if workers is not None:
+            raise ValueError("workers split perplexity and humaneval; lm-evaluation-harness "
+                             "runs in this process")
         return _evaluate_harness(model, datasets, limit=limit, sequence_length=sequence_length,
                                  batch_size=batch_size, num_fewshot=num_fewshot,
                                  include_path=include_path, num_cores=num_cores,
@@ -116,9 +146,11 @@ def evaluate(
                          num_cores=num_cores, weights=weights, progress=progress)
     if integration == "perplexity":
         return evaluate_perplexity(checkpoint, texts, settings, stride=stride,
-                                   columns=ds.text_columns(records, text_column_name))
+                                   columns=ds.text_columns(records, text_column_name),
+                                   workers=workers)
     return evaluate_humaneval(checkpoint, records, settings,
-                              max_generated_tokens=max_generated_tokens, timeout=timeout)
+                              max_generated_tokens=max_generated_tokens, timeout=timeout,
+                              workers=workers)
 
 
 def _evaluate_harness(model: str | Path | Checkpoint, tasks: Any, *, limit: int | None,
@@ -184,26 +216,55 @@ def evaluate_perplexity(
     *,
     stride: int | None = None,
     columns: Sequence[str] = (),
+    workers: Workers | None = None,
 ) -> PerplexityResult:
     """Perplexity of `texts` (see the module `perplexity` for the convention)."""
-    from ..engine import Engine
-
     length = settings.sequence_length
     if length < 2:
         raise ValueError(f"sequence_length must be at least 2, got {length}")
     stride = length // 2 if stride is None else stride
     plan_windows(2, length, stride)  # validates the stride
     start = time.perf_counter()
-    engine = Engine(checkpoint, max_sequences=settings.batch_size, **settings.engine_kwargs())
     ids = [checkpoint.tokenizer.encode(t) for t in texts]
-    with progress_bar(sum(max(0, len(i) - 1) for i in ids), "scoring", "tok",
-                      settings.progress) as bar:
-        totals = score_token_ids(engine, ids, length, stride, on_scored=bar.update)
+    scored = [max(0, len(i) - 1) for i in ids]
+    with progress_bar(sum(scored), "scoring", "tok", settings.progress) as bar:
+        if workers is None:
+            totals = score_samples(checkpoint, settings, ids, stride, on_scored=bar.update)
+        else:
+            parts = _split(len(ids), workers.count, scored)
+            totals_of = workers.map(score_samples, [
+                (str(checkpoint.path), settings, [ids[i] for i in part], stride)
+                for part in parts], on_done=lambda k: bar.update(sum(scored[i]
+                                                                     for i in parts[k])))
+            totals = ScoreTotals(sum(t.nll for t in totals_of), sum(t.tokens for t in totals_of))
     return PerplexityResult(
         **settings.result_header(checkpoint, len(texts), start),
         perplexity=perplexity_of(totals), tokens=totals.tokens, nll=totals.nll,
         columns=list(columns), stride=stride,
     )
+
+
+def score_samples(model: Checkpoint | str, settings: EvalSettings, ids: Sequence[Sequence[int]],
+                  stride: int, on_scored: Callable[[int], None] | None = None) -> ScoreTotals:
+    """Total NLL of tokenized samples on an engine of `settings` (one part of a perplexity)."""
+    from ..engine import Engine
+
+    checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
+    engine = Engine(checkpoint, max_sequences=settings.batch_size, **settings.engine_kwargs())
+    return score_token_ids(engine, ids, settings.sequence_length, stride, on_scored=on_scored)
+
+
+def _split(n: int, parts: int, weights: Sequence[int] | None = None) -> list[list[int]]:
+    """Indices 0..n-1 in at most `parts` contiguous runs of about equal total weight."""
+    weights = list(weights) if weights is not None else [1] * n
+    total, out, run, acc = sum(weights), [], [], 0
+    for i, w in enumerate(weights):
+        run.append(i)
+        acc += w
+        if acc * parts >= total * (len(out) + 1) and len(out) < parts - 1:
+            out.append(run)
+            run = []
+    return [r for r in [*out, run] if r]
 
 
 def evaluate_humaneval(
@@ -214,22 +275,24 @@ def evaluate_humaneval(
     max_generated_tokens: int = DEFAULT_MAX_GENERATED_TOKENS,
     stop: Sequence[str] = STOP_SEQUENCES,
     timeout: float = 5.0,
-    workers: int | None = None,
+    workers: Workers | None = None,
 ) -> HumanEvalResult:
     """pass@1 of greedy completions of HumanEval-style problems (task_id, prompt, test,
     entry_point)."""
-    from ..pipeline import TextGeneration
-
     check_problems(problems)
     start = time.perf_counter()
-    pipeline = TextGeneration(checkpoint, batch_size=settings.batch_size,
-                              **settings.engine_kwargs())
-    with progress_bar(len(problems), "generating", "problem", settings.progress) as bar:
-        completions = generate_completions(pipeline, problems, max_generated_tokens, stop,
-                                           on_done=lambda: bar.update(1))
-    with progress_bar(len(problems), "executing", "program", settings.progress) as bar:
-        executions = execute_completions(problems, completions, timeout, workers,
-                                         on_result=lambda i, r: bar.update(1))
+    if workers is None:
+        completions, executions = solve_problems(checkpoint, settings, problems,
+                                                 max_generated_tokens, stop, timeout)
+    else:
+        parts = _split(len(problems), workers.count)
+        with progress_bar(len(problems), "solving", "problem", settings.progress) as bar:
+            solved = workers.map(solve_problems, [
+                (str(checkpoint.path), settings, [problems[i] for i in part],
+                 max_generated_tokens, stop, timeout) for part in parts],
+                on_done=lambda k: bar.update(len(parts[k])))
+        completions = [c for part, _ in solved for c in part]
+        executions = [e for _, part in solved for e in part]
     count = {s: sum(e.status == s for e in executions)
              for s in ("passed", "failed", "timeout", "crashed")}
     details = [
@@ -245,6 +308,25 @@ def evaluate_humaneval(
         max_generated_tokens=max_generated_tokens, stop=list(stop), timeout=timeout,
         problems=details,
     )
+
+
+def solve_problems(model: Checkpoint | str, settings: EvalSettings,
+                   problems: Sequence[dict[str, Any]], max_generated_tokens: int,
+                   stop: Sequence[str], timeout: float
+                   ) -> tuple[list[Completion], list[ExecutionResult]]:
+    """Greedy completions of `problems` and their programs' runs (one part of a HumanEval)."""
+    from ..pipeline import TextGeneration
+
+    checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
+    pipeline = TextGeneration(checkpoint, batch_size=settings.batch_size,
+                              **settings.engine_kwargs())
+    with progress_bar(len(problems), "generating", "problem", settings.progress) as bar:
+        completions = generate_completions(pipeline, problems, max_generated_tokens, stop,
+                                           on_done=lambda: bar.update(1))
+    with progress_bar(len(problems), "executing", "program", settings.progress) as bar:
+        executions = execute_completions(problems, completions, timeout,
+                                         on_result=lambda i, r: bar.update(1))
+    return completions, executions
 
 
 def format_name(checkpoint: Checkpoint, weights: str | None = None) -> str:
