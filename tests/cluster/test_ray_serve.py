@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -183,3 +184,16 @@ def test_merged_metrics_keep_each_family_together():
         "# HELP x_total x", "# TYPE x_total counter",
         'x_total{replica="r1",m="a"} 1', 'x_total{replica="r2",m="a"} 3',
         "# TYPE g gauge", 'g{replica="r1"} 2', 'g{replica="r2"} 4']
+
+
+def test_the_example_serve_config_is_valid():
+    """examples/ray_serve.yaml passes Serve's own schema and its args build the application."""
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "ray_serve.yaml"
+    config = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    (application,) = config.applications
+    assert application.import_path == "sparsellm.cluster.serve:app"
+    assert [d.name for d in application.deployments] == ["ModelReplica"]
+    assert isinstance(app(application.args), serve.Application)

@@ -28,6 +28,8 @@ def test_load_32_streaming_clients(start_server, tiny_llama_dir, tmp_path):
     print(f"\nload: {result}; RSS {before:.0f} -> {after:.0f} MB")
     assert result.errors == 0, result.first_error
     assert result.tokens == 320 * 32
+    assert result.requests_per_s == pytest.approx(320 / result.seconds)
+    assert 0 < result.latency_p50 <= result.latency_p95 < result.seconds
     assert after - before < 50  # flat: no per-request leak
 
     single = asyncio.run(run_load(srv.url, 1, 24, max_tokens=64, stream=False))

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 
 @dataclass
@@ -26,6 +27,9 @@ class LoadResult:
     tokens: int
     seconds: float
     tokens_per_s: float
+    requests_per_s: float  # requests answered without error per second
+    latency_p50: float  # seconds from sending a request to its last byte, over the answered
+    latency_p95: float
     first_error: str | None = None
 
 
@@ -40,6 +44,7 @@ async def run_load(url: str, clients: int, requests: int, max_tokens: int = 32,
         body["stream_options"] = {"include_usage": True}
     todo = iter(range(requests))
     stats = {"errors": 0, "tokens": 0, "first_error": None}
+    latencies: list[float] = []
 
     def error(message: str) -> None:
         stats["errors"] += 1
@@ -75,16 +80,21 @@ async def run_load(url: str, clients: int, requests: int, max_tokens: int = 32,
     async def worker() -> None:
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout) as client:
             for _ in todo:
+                sent, errors = time.perf_counter(), stats["errors"]
                 try:
                     await one(client)
                 except httpx.HTTPError as e:
                     error(f"{type(e).__name__}: {e}")
+                if stats["errors"] == errors:
+                    latencies.append(time.perf_counter() - sent)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(clients)))
     seconds = time.perf_counter() - start
+    p50, p95 = np.percentile(latencies, [50, 95]) if latencies else (float("nan"),) * 2
     return LoadResult(clients, requests, stats["errors"], stats["tokens"], seconds,
-                      stats["tokens"] / seconds, stats["first_error"])
+                      stats["tokens"] / seconds, len(latencies) / seconds, float(p50),
+                      float(p95), stats["first_error"])
 
 
 def rss_mb(pid: int) -> float:
@@ -116,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         base = base or r.tokens_per_s
         line = (f"{clients:3d} clients: {r.requests} requests, {r.errors} errors, {r.tokens} "
                 f"tokens in {r.seconds:.1f} s = {r.tokens_per_s:.0f} tok/s "
-                f"({r.tokens_per_s / base:.2f}x)")
+                f"({r.tokens_per_s / base:.2f}x), {r.requests_per_s:.2f} requests/s, latency "
+                f"p50 {r.latency_p50:.2f} s, p95 {r.latency_p95:.2f} s")
         if args.pid:
             line += f"; server RSS {before:.0f} -> {rss_mb(args.pid):.0f} MB"
         print(line)
