@@ -61,18 +61,19 @@ using AlignedVector = std::vector<T, CacheAligned<T>>;
 // Packed weight descriptor: a non-owning view of the NumPy buffers built by
 // sparsellm.kernels.formats (the Python object keeps them alive). y = x @ W.T, W is (rows, cols).
 // ---------------------------------------------------------------------------------------------
+// One id per packed layout; everything else about a format is its row of kFmtTraits below.
 enum class Fmt : int {
-  F32 = 0,     // data: float (rows, kp)
-  F16 = 1,     // data: IEEE half (rows, kp)
-  BF16 = 2,    // data: bfloat16 (rows, kp)
-  I8 = 3,      // data: int8 (rows, kp); scale (rows,): w = q * scale[r] (W8A16)
-  I4 = 4,      // data: uint8 (rows, kp/2) nibbles, see int4 layout below; scale/zero (rows, kp/G)
-  SP_F32 = 5,  // bitmask sparse: mask (rows, kp/8), values float, row_off (rows+1) in elements
-  SP_I8 = 6,   //   ... values int8 + scale (rows,)
-  SP_I4 = 7,   //   ... values signed nibbles, row_off in bytes; scale (rows, kp/G), symmetric
-               //   (act_int8: W4A8)
-  S24_I8 = 8,  // 2:4 semi-structured int8: values (rows, kp/2), meta (rows, kp/64) uint64
-  I8_R16 = 9,  // dense int8 for W8A8 in blocks of 16 rows, see kRowBlock16 below
+  F32,     // data: float (rows, kp)
+  F16,     // data: IEEE half (rows, kp)
+  BF16,    // data: bfloat16 (rows, kp)
+  I8,      // data: int8 (rows, kp); scale (rows,): w = q * scale[r] (W8A16)
+  I4,      // data: uint8 (rows, kp/2) nibbles, see int4 layout below; scale/zero (rows, kp/G)
+  SP_F32,  // bitmask sparse: mask (rows, kp/8), values float, row_off (rows+1) in elements
+  SP_I8,   //   ... values int8 + scale (rows,)
+  SP_I4,   //   ... values signed nibbles, row_off in bytes; scale (rows, kp/G), symmetric
+  S24_I8,  // 2:4 semi-structured int8: values (rows, kp/2), meta (rows, kp/64) uint64
+  I8_R16,  // dense int8 for W8A8 in blocks of 16 rows, see kRowBlock16 below
+  Count,
 };
 
 struct Weight {
@@ -140,18 +141,23 @@ struct Acts {
 // T tokens. Each token's result is bitwise the same whatever T and whichever other tokens share
 // the call: every kernel walks a row in one fixed order and keeps separate accumulators per token
 // (tiles.h), so batching sequences or verifying drafted tokens never changes a logit.
-// decode_rows: dequantize rows [r0, r1) into out (r1-r0, kp) fp32 (GEMM panels); portable,
-// in gemv_sparse.cpp next to the bitmask / 2:4 walkers it shares; its cost is amortized over T.
+// decode_rows_<format>: dequantize rows [r0, r1) into out (r1-r0, kp) fp32 (GEMM panels,
+// embedding lookups); portable, in gemv_sparse.cpp next to the bitmask / 2:4 walkers they share;
+// their cost is amortized over T.
 // ---------------------------------------------------------------------------------------------
 #define SL_GEMV_KERNELS(X) \
   X(f32) X(f16) X(bf16) X(i8) X(i8a8) X(i4) X(i4a8) X(sp_f32) X(sp_i8) X(sp_i8a8) X(sp_i4) \
   X(sp_i4a8) X(s24_i8) X(s24_i8a8)
+#define SL_DECODE_ROWS(X) \
+  X(f32) X(f16) X(bf16) X(i8) X(i8_r16) X(i4) X(sp_f32) X(sp_i8) X(sp_i4) X(s24_i8)
 #define SL_DECLARE_GEMV(name) \
   void gemv_##name(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+#define SL_DECLARE_DECODE_ROWS(name) \
+  void decode_rows_##name(const Weight& w, int64_t r0, int64_t r1, float* out);
 
 namespace scalar {
 SL_GEMV_KERNELS(SL_DECLARE_GEMV)
-void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out);
+SL_DECODE_ROWS(SL_DECLARE_DECODE_ROWS)
 // Y[t, r] = dot(W[r], X[t]) for a panel of nr rows and T tokens.
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
                 int64_t k, float* Y, int64_t ldy);
@@ -171,6 +177,120 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 }  // namespace avx512
+
+// ---------------------------------------------------------------------------------------------
+// Format traits: one row per Fmt, everything the runtime knows about a format (in the spirit of
+// ggml's per-type traits table). make_weight (module.cpp) validates a weight from its row,
+// linear() dispatches through it (linear.cpp), and Python reads it through
+// _native.weight_formats() (a test checks it against kernels/layouts.py's declarations).
+// ---------------------------------------------------------------------------------------------
+using GemvFn = void (*)(const Weight&, const Acts&, float*, int64_t, int64_t, int64_t);
+using DecodeRowsFn = void (*)(const Weight&, int64_t, int64_t, float*);
+
+// A GEMV kernel, and whether it reads Acts::gsum (per-group sums of the activations).
+struct Gemv {
+  GemvFn fn = nullptr;
+  bool group_sums = false;
+};
+constexpr bool kGroupSums = true;
+
+// Largest T a format's GEMV serves (above: the decoded-panel GEMM, linear.h). Crossovers measured
+// with `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64,128` on SmolLM2-135M
+// shapes, 2 threads (noisy shared machine, ratios GEMV time / GEMM time): fp32 activations: GEMV
+// wins up to T = 8 (fp32 0.5-0.7, int8 0.8-0.9), the GEMM above (1.2-2x at T = 16). Int8
+// activations with per-channel int8 weights (dense, bitmask, 2:4): the integer GEMV beats the
+// fp32 GEMM at every T (T = 64: int8_a8 0.63 with AVX-512 VNNI, 0.81 with AVX2; sparse_int8_a8
+// 0.36 / 0.73; T = 128: 0.69, 0.43, 2:4 0.99), so they never leave it: W8A8 prefill, batches and
+// verification are all int32-exact, bitwise equal to decode. int4_g32_a8 matches the GEMM at
+// T = 32 (1.09) and loses above (1.19 at 64). Bitmask int4 with int8 activations stays on the
+// GEMV too: decoding its panels makes the GEMM slower still (2 threads: 0.32 at T = 32, 0.44 at
+// 64, 0.70 at 128).
+constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32, kGemvAlways = INT64_MAX;
+
+// A format's GEMVs for one type of activations: per ISA (avx512 {}: the AVX2 kernel runs on
+// AVX-512 machines too), and the largest T they serve. scalar.fn == nullptr: the format does
+// not run with these activations.
+struct GemvSet {
+  Gemv scalar, avx2, avx512;
+  int64_t max_tokens = 0;
+  constexpr bool runs() const { return scalar.fn != nullptr; }
+};
+
+enum class Sparsity { Dense, Bitmask, TwoFour };
+
+struct FmtTraits {
+  Fmt fmt;
+  const char* name;      // the Fmt's name (what kernels/layouts.py Layout.native_format says)
+  int value_bits;        // bits of one stored weight value
+  bool is_float;         // float values; else integers times per-row or per-group scales
+  Sparsity sparsity;     // Bitmask: mask + row_off; TwoFour: meta
+  bool grouped;          // group scales: Weight::group a multiple of 32 that divides kp
+  bool asym;             // may have zero points (Weight::asym, zero)
+  GemvSet fp32_acts;     // GEMVs on fp32 activations
+  GemvSet int8_acts;     // GEMVs on per-token int8 activations (W8A8 / W4A8)
+  DecodeRowsFn decode_rows;
+  constexpr const GemvSet& gemvs(bool act_int8) const { return act_int8 ? int8_acts : fp32_acts; }
+};
+
+// clang-format off
+inline constexpr FmtTraits kFmtTraits[] = {
+  // fmt, name, value bits, float, sparsity, grouped, asym
+  //   fp32 activations {scalar, avx2, avx512, max tokens}, int8 activations {...}, decode_rows
+  {Fmt::F32, "F32", 32, true, Sparsity::Dense, false, false,
+   {{scalar::gemv_f32}, {avx2::gemv_f32}, {}, kGemvMaxTokensF32}, {},
+   scalar::decode_rows_f32},
+  {Fmt::F16, "F16", 16, true, Sparsity::Dense, false, false,
+   {{scalar::gemv_f16}, {avx2::gemv_f16}, {}, kGemvMaxTokensF32}, {},
+   scalar::decode_rows_f16},
+  {Fmt::BF16, "BF16", 16, true, Sparsity::Dense, false, false,
+   {{scalar::gemv_bf16}, {avx2::gemv_bf16}, {}, kGemvMaxTokensF32}, {},
+   scalar::decode_rows_bf16},
+  {Fmt::I8, "I8", 8, false, Sparsity::Dense, false, false,
+   {{scalar::gemv_i8}, {avx2::gemv_i8}, {}, kGemvMaxTokensF32}, {},
+   scalar::decode_rows_i8},
+  {Fmt::I4, "I4", 4, false, Sparsity::Dense, true, true,
+   {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums}, {}, kGemvMaxTokensF32},
+   {{scalar::gemv_i4a8, kGroupSums}, {avx2::gemv_i4a8, kGroupSums}, {}, kGemvMaxTokensI4A8},
+   scalar::decode_rows_i4},
+  {Fmt::SP_F32, "SP_F32", 32, true, Sparsity::Bitmask, false, false,
+   {{scalar::gemv_sp_f32}, {avx2::gemv_sp_f32}, {}, kGemvMaxTokensF32}, {},
+   scalar::decode_rows_sp_f32},
+  {Fmt::SP_I8, "SP_I8", 8, false, Sparsity::Bitmask, false, false,
+   {{scalar::gemv_sp_i8}, {avx2::gemv_sp_i8}, {}, kGemvMaxTokensF32},
+   {{scalar::gemv_sp_i8a8}, {avx2::gemv_sp_i8a8}, {avx512::gemv_sp_i8a8}, kGemvAlways},
+   scalar::decode_rows_sp_i8},
+  {Fmt::SP_I4, "SP_I4", 4, false, Sparsity::Bitmask, true, false,
+   {{scalar::gemv_sp_i4}, {avx2::gemv_sp_i4}, {avx512::gemv_sp_i4}, kGemvMaxTokensF32},
+   {{scalar::gemv_sp_i4a8}, {avx2::gemv_sp_i4a8}, {avx512::gemv_sp_i4a8, kGroupSums},
+    kGemvAlways},
+   scalar::decode_rows_sp_i4},
+  {Fmt::S24_I8, "S24_I8", 8, false, Sparsity::TwoFour, false, false,
+   {{scalar::gemv_s24_i8}, {avx2::gemv_s24_i8}, {}, kGemvMaxTokensF32},
+   {{scalar::gemv_s24_i8a8}, {avx2::gemv_s24_i8a8}, {}, kGemvAlways},
+   scalar::decode_rows_s24_i8},
+  {Fmt::I8_R16, "I8_R16", 8, false, Sparsity::Dense, false, false,
+   {},
+   {{scalar::gemv_i8a8}, {avx2::gemv_i8a8}, {avx512::gemv_i8a8}, kGemvAlways},
+   scalar::decode_rows_i8_r16},
+};
+// clang-format on
+
+constexpr bool fmt_traits_in_enum_order() {
+  int i = 0;
+  for (const FmtTraits& t : kFmtTraits)
+    if (int(t.fmt) != i++) return false;
+  return i == int(Fmt::Count);
+}
+static_assert(fmt_traits_in_enum_order(), "kFmtTraits: one row per Fmt, in the enum's order");
+
+inline const FmtTraits& fmt_traits(Fmt f) { return kFmtTraits[int(f)]; }
+
+namespace scalar {
+// Dequantize rows [r0, r1) of any format into out (r1-r0, kp) fp32.
+inline void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  fmt_traits(w.fmt).decode_rows(w, r0, r1, out);
+}
+}  // namespace scalar
 
 // Dynamic symmetric int8 of one row (W8A8 activations, int8 KV-cache rows) on the active ISA;
 // the AVX2 twin takes 32 values at a time, so other lengths go to the (identical) scalar one.

@@ -145,93 +145,114 @@ void gemv_s24_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t 
   gemv_s24<float>(w, a, a.x, y, ldy, r0, r1);
 }
 
-// Dequantize rows [r0, r1) of any format into out (r1-r0, kp): the GEMM path decodes a panel
-// once and reuses it for every token, so this cost is amortized over T.
-void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
-  const int64_t kp = w.kp;
-  for (int64_t r = r0; r < r1; ++r) {
-    float* o = out + (r - r0) * kp;
-    switch (w.fmt) {
-      case Fmt::F32: {
-        const float* W = static_cast<const float*>(w.data) + r * kp;
-        for (int64_t k = 0; k < kp; ++k) o[k] = W[k];
-        break;
-      }
-      case Fmt::F16: {
-        const uint16_t* W = static_cast<const uint16_t*>(w.data) + r * kp;
-        for (int64_t k = 0; k < kp; ++k) o[k] = half_to_float(W[k]);
-        break;
-      }
-      case Fmt::BF16: {
-        const uint16_t* W = static_cast<const uint16_t*>(w.data) + r * kp;
-        for (int64_t k = 0; k < kp; ++k) o[k] = bf16_to_float(W[k]);
-        break;
-      }
-      case Fmt::I8: {
-        const int8_t* W = static_cast<const int8_t*>(w.data) + r * kp;
-        const float s = w.scale[r];
-        for (int64_t k = 0; k < kp; ++k) o[k] = float(W[k]) * s;
-        break;
-      }
-      case Fmt::I8_R16: {
-        const int8_t* row = r16_block(w, r / kRowBlock16) + 4 * (r % kRowBlock16);
-        const float s = w.scale[r];
-        for (int64_t k = 0; k < kp; ++k) o[k] = float(row[16 * (k & ~int64_t(3)) + (k & 3)]) * s;
-        break;
-      }
-      case Fmt::I4: {
-        const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * (kp / 2);
-        const int64_t ng = kp / w.group;
-        for (int64_t blk = 0; blk < kp / 32; ++blk) {
-          const int64_t g = blk * 32 / w.group;
-          const float s = w.scale[r * ng + g];
-          const float z = w.asym ? float(w.zero[r * ng + g]) : 8.f;
-          for (int j = 0; j < 16; ++j) {
-            o[blk * 32 + j] = (float(row[blk * 16 + j] & 15) - z) * s;
-            o[blk * 32 + j + 16] = (float(row[blk * 16 + j] >> 4) - z) * s;
-          }
-        }
-        break;
-      }
-      case Fmt::SP_F32:
-      case Fmt::SP_I8:
-      case Fmt::SP_I4: {
-        for (int64_t k = 0; k < kp; ++k) o[k] = 0.f;
-        const uint8_t* mrow = w.mask + r * (kp / 8);
-        if (w.fmt == Fmt::SP_F32) {
-          walk_bitmask_row(mrow, kp, static_cast<const float*>(w.data) + w.row_off[r],
-                           [&](int64_t k, float v) { o[k] = v; });
-        } else if (w.fmt == Fmt::SP_I8) {
-          const float s = w.scale[r];
-          walk_bitmask_row(mrow, kp, static_cast<const int8_t*>(w.data) + w.row_off[r],
-                           [&](int64_t k, int8_t v) { o[k] = float(v) * s; });
-        } else {
-          const uint8_t* vals = static_cast<const uint8_t*>(w.data) + w.row_off[r];
-          const int64_t ng = kp / w.group;
-          int64_t p = 0;
-          for (int64_t b = 0; b < kp / 8; ++b) {
-            if (b % 8 == 0) p = sp_i4_word_start(p);
-            for (uint32_t m = mrow[b]; m; m &= m - 1) {
-              const int64_t k = 8 * b + __builtin_ctz(m);
-              o[k] = float(nibble_at(vals, p++)) * w.scale[r * ng + k / w.group];
-            }
-          }
-        }
-        break;
-      }
-      case Fmt::S24_I8: {
-        for (int64_t k = 0; k < kp; ++k) o[k] = 0.f;
-        const int64_t nb = kp / 64;
-        const float s = w.scale[r];
-        for (int64_t blk = 0; blk < nb; ++blk) {
-          const int8_t* v = static_cast<const int8_t*>(w.data) + r * (kp / 2) + blk * 32;
-          walk_s24_block(w.meta[r * nb + blk],
-                         [&](int col, int i) { o[blk * 64 + col] = float(v[i]) * s; });
-        }
-        break;
+// Row decoders, one per format (kFmtTraits' decode_rows): dequantize rows [r0, r1) into out
+// (r1-r0, kp). The GEMM path decodes a panel once and reuses it for every token, so this cost is
+// amortized over T.
+template <typename F>
+static void for_rows(const Weight& w, int64_t r0, int64_t r1, float* out, F&& row) {
+  for (int64_t r = r0; r < r1; ++r) row(r, out + (r - r0) * w.kp);
+}
+
+void decode_rows_f32(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    const float* W = static_cast<const float*>(w.data) + r * w.kp;
+    for (int64_t k = 0; k < w.kp; ++k) o[k] = W[k];
+  });
+}
+
+void decode_rows_f16(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    const uint16_t* W = static_cast<const uint16_t*>(w.data) + r * w.kp;
+    for (int64_t k = 0; k < w.kp; ++k) o[k] = half_to_float(W[k]);
+  });
+}
+
+void decode_rows_bf16(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    const uint16_t* W = static_cast<const uint16_t*>(w.data) + r * w.kp;
+    for (int64_t k = 0; k < w.kp; ++k) o[k] = bf16_to_float(W[k]);
+  });
+}
+
+void decode_rows_i8(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    const int8_t* W = static_cast<const int8_t*>(w.data) + r * w.kp;
+    const float s = w.scale[r];
+    for (int64_t k = 0; k < w.kp; ++k) o[k] = float(W[k]) * s;
+  });
+}
+
+void decode_rows_i8_r16(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    const int8_t* row = r16_block(w, r / kRowBlock16) + 4 * (r % kRowBlock16);
+    const float s = w.scale[r];
+    for (int64_t k = 0; k < w.kp; ++k) o[k] = float(row[16 * (k & ~int64_t(3)) + (k & 3)]) * s;
+  });
+}
+
+void decode_rows_i4(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  const int64_t kp = w.kp, ng = kp / w.group;
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * (kp / 2);
+    for (int64_t blk = 0; blk < kp / 32; ++blk) {
+      const int64_t g = blk * 32 / w.group;
+      const float s = w.scale[r * ng + g];
+      const float z = w.asym ? float(w.zero[r * ng + g]) : 8.f;
+      for (int j = 0; j < 16; ++j) {
+        o[blk * 32 + j] = (float(row[blk * 16 + j] & 15) - z) * s;
+        o[blk * 32 + j + 16] = (float(row[blk * 16 + j] >> 4) - z) * s;
       }
     }
-  }
+  });
+}
+
+void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    for (int64_t k = 0; k < w.kp; ++k) o[k] = 0.f;
+    walk_bitmask_row(w.mask + r * (w.kp / 8), w.kp,
+                     static_cast<const float*>(w.data) + w.row_off[r],
+                     [&](int64_t k, float v) { o[k] = v; });
+  });
+}
+
+void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    for (int64_t k = 0; k < w.kp; ++k) o[k] = 0.f;
+    const float s = w.scale[r];
+    walk_bitmask_row(w.mask + r * (w.kp / 8), w.kp,
+                     static_cast<const int8_t*>(w.data) + w.row_off[r],
+                     [&](int64_t k, int8_t v) { o[k] = float(v) * s; });
+  });
+}
+
+void decode_rows_sp_i4(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  const int64_t kp = w.kp, ng = kp / w.group;
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    for (int64_t k = 0; k < kp; ++k) o[k] = 0.f;
+    const uint8_t* mrow = w.mask + r * (kp / 8);
+    const uint8_t* vals = static_cast<const uint8_t*>(w.data) + w.row_off[r];
+    int64_t p = 0;
+    for (int64_t b = 0; b < kp / 8; ++b) {
+      if (b % 8 == 0) p = sp_i4_word_start(p);
+      for (uint32_t m = mrow[b]; m; m &= m - 1) {
+        const int64_t k = 8 * b + __builtin_ctz(m);
+        o[k] = float(nibble_at(vals, p++)) * w.scale[r * ng + k / w.group];
+      }
+    }
+  });
+}
+
+void decode_rows_s24_i8(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  const int64_t kp = w.kp, nb = kp / 64;
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    for (int64_t k = 0; k < kp; ++k) o[k] = 0.f;
+    const float s = w.scale[r];
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      const int8_t* v = static_cast<const int8_t*>(w.data) + r * (kp / 2) + blk * 32;
+      walk_s24_block(w.meta[r * nb + blk],
+                     [&](int col, int i) { o[blk * 64 + col] = float(v[i]) * s; });
+    }
+  });
 }
 
 }  // namespace sl::scalar

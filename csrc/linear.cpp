@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <type_traits>
@@ -12,54 +11,17 @@
 
 namespace sl {
 
-using GemvFn = void (*)(const Weight&, const Acts&, float*, int64_t, int64_t, int64_t);
-
-static GemvFn pick_gemv(const Weight& w) {
-  const bool v = use_avx2();
-  switch (w.fmt) {
-    case Fmt::F32: return v ? avx2::gemv_f32 : scalar::gemv_f32;
-    case Fmt::F16: return v ? avx2::gemv_f16 : scalar::gemv_f16;
-    case Fmt::BF16: return v ? avx2::gemv_bf16 : scalar::gemv_bf16;
-    case Fmt::I8: return v ? avx2::gemv_i8 : scalar::gemv_i8;
-    case Fmt::I8_R16:
-      if (use_avx512()) return avx512::gemv_i8a8;
-      return v ? avx2::gemv_i8a8 : scalar::gemv_i8a8;
-    case Fmt::I4:
-      if (w.act_int8) return v ? avx2::gemv_i4a8 : scalar::gemv_i4a8;
-      return v ? avx2::gemv_i4 : scalar::gemv_i4;
-    case Fmt::SP_F32: return v ? avx2::gemv_sp_f32 : scalar::gemv_sp_f32;
-    case Fmt::SP_I8:
-      if (w.act_int8 && use_avx512()) return avx512::gemv_sp_i8a8;
-      if (w.act_int8) return v ? avx2::gemv_sp_i8a8 : scalar::gemv_sp_i8a8;
-      return v ? avx2::gemv_sp_i8 : scalar::gemv_sp_i8;
-    case Fmt::SP_I4:
-      if (w.act_int8 && use_avx512()) return avx512::gemv_sp_i4a8;
-      if (w.act_int8) return v ? avx2::gemv_sp_i4a8 : scalar::gemv_sp_i4a8;
-      if (use_avx512()) return avx512::gemv_sp_i4;
-      return v ? avx2::gemv_sp_i4 : scalar::gemv_sp_i4;
-    case Fmt::S24_I8:
-      if (w.act_int8) return v ? avx2::gemv_s24_i8a8 : scalar::gemv_s24_i8a8;
-      return v ? avx2::gemv_s24_i8 : scalar::gemv_s24_i8;
-  }
-  throw std::logic_error("unknown weight format");
+// The format's GEMV for this weight's activations on the active ISA (kFmtTraits, common.h).
+static const Gemv& pick_gemv(const Weight& w) {
+  const GemvSet& k = fmt_traits(w.fmt).gemvs(w.act_int8);
+  if (use_avx512() && k.avx512.fn) return k.avx512;
+  return use_avx2() ? k.avx2 : k.scalar;
 }
 
-// Crossovers measured with `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64,128`
-// on SmolLM2-135M shapes, 2 threads (noisy shared machine, ratios GEMV time / GEMM time):
-// fp32 activations: GEMV wins up to T = 8 (fp32 0.5-0.7, int8 0.8-0.9), the GEMM above
-// (1.2-2x at T = 16). Int8 activations with per-channel int8 weights (dense, bitmask, 2:4): the
-// integer GEMV beats the fp32 GEMM at every T (T = 64: int8_a8 0.63 with AVX-512 VNNI, 0.81
-// with AVX2; sparse_int8_a8 0.36 / 0.73; T = 128: 0.69, 0.43, 2:4 0.99), so they never leave
-// it: W8A8 prefill, batches and verification are all int32-exact, bitwise equal to decode.
-// int4_g32_a8 matches the GEMM at T = 32 (1.09) and loses above (1.19 at 64). Bitmask int4 with
-// int8 activations stays on the GEMV too: decoding its panels makes the GEMM slower still (2
-// threads: 0.32 at T = 32, 0.44 at 64, 0.70 at 128).
-constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32;
-static int64_t g_gemv_max_tokens = 0;  // 0: the per-format defaults above
+static int64_t g_gemv_max_tokens = 0;  // 0: the per-format defaults (kFmtTraits)
 int64_t gemv_max_tokens(const Weight& w) {
   if (g_gemv_max_tokens > 0) return g_gemv_max_tokens;
-  if (!w.act_int8) return kGemvMaxTokensF32;
-  return w.fmt == Fmt::I4 ? kGemvMaxTokensI4A8 : std::numeric_limits<int64_t>::max();
+  return fmt_traits(w.fmt).gemvs(w.act_int8).max_tokens;
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
@@ -162,8 +124,11 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     a.xq = s.xq.data();
     a.xscale = s.xscale.data();
     a.xsum = s.xsum.data();
-    // (Sparse W4A8 needs them only in the AVX-512 kernel: the others multiply signed values.)
-    if (w.fmt == Fmt::I4 || (w.fmt == Fmt::SP_I4 && w.act_int8 && use_avx512())) {
+    const Gemv& gemv = pick_gemv(w);
+    fns[i] = gemv.fn;
+    // (Only for kernels that read them, kFmtTraits' kGroupSums: dense int4, and sparse W4A8 on
+    // AVX-512; the other sparse W4A8 kernels multiply signed values.)
+    if (gemv.group_sums) {
       // Group sums of the activations the kernel multiplies (zero-point term), per token;
       // fused int4 weights with the same groups (q/k/v, gate/up) share one computation.
       for (int j = 0; j < i && !a.gsum; ++j)
@@ -176,7 +141,6 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
         a.gsum = gs;
       }
     }
-    fns[i] = pick_gemv(w);
   }
   parallel_for(total_blocks, total_rows * kp * T >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
     int64_t base = 0;  // first block of weight i

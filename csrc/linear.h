@@ -27,7 +27,7 @@ constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one 
 // Up to gemv_max_tokens(w) tokens, linear() streams each packed weight once and computes every
 // token's row like T == 1 does (bitwise equal results per token, int32-exact for W8A8); above
 // it, weight panels are decoded to fp32 once and multiplied by a GEMM (faster per token for
-// prefill, but rounding differs). The limit depends on the activation type (linear.cpp);
+// prefill, but rounding differs). The limit is the format's, per activation type (kFmtTraits);
 // set_gemv_max_tokens(n > 0) overrides it for measurements, 0 restores the defaults.
 int64_t gemv_max_tokens(const Weight& w);
 void set_gemv_max_tokens(int64_t n);

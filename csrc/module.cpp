@@ -69,16 +69,41 @@ struct PyWeight {
   py::tuple keep;
 };
 
-PyWeight make_weight(int fmt, int64_t rows, int64_t cols, int64_t kp, bool act_int8, int group,
-                     bool asym, py::array data, py::object scale, py::object zero, py::object mask,
-                     py::object row_off, py::object meta) {
-  if (fmt < 0 || fmt > int(Fmt::I8_R16)) throw std::invalid_argument("unknown format id");
-  if ((fmt == int(Fmt::I8) && act_int8) || (fmt == int(Fmt::I8_R16) && !act_int8))
-    throw std::invalid_argument("dense int8 weights: I8 is W8A16, I8_R16 is W8A8");
+const FmtTraits& format_named(const std::string& name) {
+  std::string names;
+  for (const FmtTraits& t : kFmtTraits) {
+    if (name == t.name) return t;
+    names += std::string(names.empty() ? "" : ", ") + t.name;
+  }
+  throw std::invalid_argument("unknown native weight format '" + name + "'; accepted: " + names);
+}
+
+// A weight in the format named `fmt` (a kFmtTraits name), checked against its row: the
+// activations it runs with, its group and zero points, and the buffers its kernels read.
+PyWeight make_weight(const std::string& fmt, int64_t rows, int64_t cols, int64_t kp,
+                     bool act_int8, int group, bool asym, py::array data, py::object scale,
+                     py::object zero, py::object mask, py::object row_off, py::object meta) {
+  const FmtTraits& t = format_named(fmt);
+  const std::string what = std::string(t.name) + " weights: ";
+  if (!t.gemvs(act_int8).runs())
+    throw std::invalid_argument(what + "no kernel for " + (act_int8 ? "int8" : "fp32") +
+                                " activations");
   if (kp % kColAlign || kp < cols) throw std::invalid_argument("kp must be a multiple of 64 >= cols");
+  if (t.grouped ? group <= 0 || group % 32 || kp % group : group != 0)
+    throw std::invalid_argument(what + (t.grouped ? "group must be 32k and divide kp"
+                                                  : "no group scales (group must be 0)"));
+  if (asym && !t.asym) throw std::invalid_argument(what + "no zero points");
+  const auto need = [&](bool needed, const py::object& buffer, const char* name) {
+    if (needed && buffer.is_none()) throw std::invalid_argument(what + name + " is required");
+  };
+  need(!t.is_float, scale, "scale");
+  need(asym, zero, "zero");
+  need(t.sparsity == Sparsity::Bitmask, mask, "mask");
+  need(t.sparsity == Sparsity::Bitmask, row_off, "row_off");
+  need(t.sparsity == Sparsity::TwoFour, meta, "meta");
   PyWeight p;
   Weight& w = p.w;
-  w.fmt = Fmt(fmt);
+  w.fmt = t.fmt;
   w.rows = rows;
   w.cols = cols;
   w.kp = kp;
@@ -92,11 +117,29 @@ PyWeight make_weight(int fmt, int64_t rows, int64_t cols, int64_t kp, bool act_i
   w.mask = opt_ptr<uint8_t>(mask, "mask");
   w.row_off = opt_ptr<int64_t>(row_off, "row_off");
   w.meta = opt_ptr<uint64_t>(meta, "meta");
-  if (w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4) {
-    if (group % 32 || kp % group) throw std::invalid_argument("int4 group must be 32k and divide kp");
-  }
   p.keep = py::make_tuple(data, scale, zero, mask, row_off, meta);
   return p;
+}
+
+// kFmtTraits for Python: one dict per format, in id order.
+py::list weight_formats() {
+  py::list out;
+  for (const FmtTraits& t : kFmtTraits) {
+    py::dict d;
+    d["id"] = int(t.fmt);
+    d["name"] = t.name;
+    d["value_bits"] = t.value_bits;
+    d["float"] = t.is_float;
+    d["sparsity"] = t.sparsity == Sparsity::Bitmask   ? py::object(py::str("bitmask"))
+                    : t.sparsity == Sparsity::TwoFour ? py::object(py::str("2:4"))
+                                                      : py::object(py::none());
+    d["grouped"] = t.grouped;
+    d["asym"] = t.asym;
+    d["fp32_activations"] = t.fp32_acts.runs();
+    d["int8_activations"] = t.int8_acts.runs();
+    out.append(d);
+  }
+  return out;
 }
 
 thread_local LinearScratch tl_scratch;
@@ -245,6 +288,11 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_gemv_max_tokens", &set_gemv_max_tokens, py::arg("n"),
         "Largest T served by the multi-token GEMV (above: decoded-panel GEMM) for every format; "
         "0: the per-format defaults. For measurements");
+
+  m.def("weight_formats", &weight_formats,
+        "The native weight formats (csrc/common.h kFmtTraits), in id order: dicts of id, name, "
+        "value_bits, float, sparsity (None, 'bitmask' or '2:4'), grouped, asym, and the "
+        "activations they run with (fp32_activations, int8_activations)");
 
   py::class_<PyWeight>(m, "NativeWeight")
       .def(py::init(&make_weight), py::arg("fmt"), py::arg("rows"), py::arg("cols"),

@@ -3,7 +3,8 @@
     w = pack(W, "sparse_int8_a8", mask)      # load time: quantize + lay out for streaming
     y = linear(x, w)                         # x (T, in) -> (T, out), GEMV for small T
 
-Formats: see `FORMATS` and kernels/formats.py. `reference` holds the NumPy twins.
+Formats: `FORMATS` and `parse_format` (kernels/formats.py), each layout declared once in
+kernels/layouts.py. `reference` holds the NumPy twins.
 """
 
 from .formats import FORMATS, FormatSpec, PackedWeight, pack, pack_quantized, parse_format

@@ -13,94 +13,21 @@ import numpy as np
 
 from .. import functional as F
 from ..dtypes import as_float32
-from .formats import _SLOT_CHUNK, KV_SCALE_BYTES, PackedWeight, _unpack_row_blocks
-
-
-def _unpack_bitmask(p: PackedWeight, values: np.ndarray) -> np.ndarray:
-    """Scatter the kept values back to a dense (out, kp) matrix."""
-    mask = np.unpackbits(p.arrays["mask"], axis=1, bitorder="little").astype(bool)
-    dense = np.zeros(mask.shape, dtype=values.dtype)
-    dense[mask] = values[: int(mask.sum())]
-    return dense
-
-
-def _unpack_nibble_stream(p: PackedWeight) -> np.ndarray:
-    """Each 64-column mask word's kept nibbles start on a byte; a row's first word at row_off."""
-    mask = np.unpackbits(p.arrays["mask"], axis=1, bitorder="little").astype(bool)
-    out, kp = mask.shape
-    cnt = mask.reshape(out, kp // 64, 64).sum(axis=2)
-    word_bytes = (cnt + 1) // 2
-    word_off = p.arrays["row_off"][:out, None] + np.cumsum(word_bytes, axis=1) - word_bytes
-    counts = cnt.reshape(-1)
-    rank = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    nib = 2 * np.repeat(word_off.reshape(-1), counts) + rank
-    q = (p.arrays["data"][nib // 2] >> (4 * (nib % 2))) & 15
-    dense = np.zeros(mask.shape, dtype=np.int8)
-    dense[mask] = np.where(q >= 8, q.astype(np.int16) - 16, q).astype(np.int8)
-    return dense
-
-
-def _unpack_sparse24(p: PackedWeight) -> np.ndarray:
-    out, kp = p.shape[0], p.kp
-    nb = kp // 64
-    vals = p.arrays["data"].reshape(out, nb, 4, 8)
-    meta = p.arrays["meta"].reshape(out, nb, 1, 1)
-    s = np.arange(4).reshape(1, 1, 4, 1).astype(np.uint64)
-    b = np.arange(8).reshape(1, 1, 1, 8).astype(np.uint64)
-    sel = ((meta >> (8 * b + 2 * s)) & np.uint64(3)).astype(np.int64)  # (out, nb, slot, b)
-    chunk = np.array(_SLOT_CHUNK).reshape(1, 1, 4, 1)
-    col = 64 * np.arange(nb).reshape(1, nb, 1, 1) + 16 * chunk + 4 * (b.astype(np.int64) // 2) + sel
-    dense = np.zeros((out, kp), dtype=np.int8)
-    rows = np.broadcast_to(np.arange(out).reshape(out, 1, 1, 1), col.shape)
-    dense[rows.ravel(), col.ravel()] = vals.ravel()
-    return dense
+from .formats import KV_SCALE_BYTES, PackedWeight
 
 
 def int_weights(p: PackedWeight) -> tuple[np.ndarray, np.ndarray]:
-    """int8-family formats -> (q int8 (out, kp), per-row scale (out,))."""
-    kind, out = p.spec.kind, p.shape[0]
-    if kind == "int8" and p.spec.act_int8:
-        q = _unpack_row_blocks(p.arrays["data"], out)
-    elif kind == "int8":
-        q = p.arrays["data"]
-    elif kind == "sparse_int8":
-        q = _unpack_bitmask(p, p.arrays["data"])
-    elif kind == "2:4_int8":
-        q = _unpack_sparse24(p)
-    else:
+    """Per-row int8 formats -> (q int8 (out, kp), per-row scale (out,))."""
+    int_rows = p.spec.layout.int_rows
+    if int_rows is None:
         raise ValueError(f"{p.format} has no per-row int8 weights")
-    return q, p.arrays["scale"][:out]
+    return int_rows(p), p.arrays["scale"][:p.shape[0]]
 
 
 def dequantize(p: PackedWeight) -> np.ndarray:
-    """Packed weight -> dense fp32 (out, in): what every kernel multiplies by."""
-    kind, a = p.spec.kind, p.arrays
-    out = p.shape[0]
-    if kind == "fp32":
-        w = a["data"]
-    elif kind == "fp16":
-        w = a["data"].view(np.float16).astype(np.float32)
-    elif kind == "bf16":
-        w = (a["data"].astype(np.uint32) << 16).view(np.float32)
-    elif kind in ("int8", "sparse_int8", "2:4_int8"):
-        q, scale = int_weights(p)
-        w = q.astype(np.float32) * scale[:, None]
-    elif kind == "int4":
-        b = a["data"].reshape(out, -1, 1, 16)
-        q = np.concatenate([b & 15, b >> 4], axis=2).reshape(out, p.kp).astype(np.float32)
-        G = p.spec.group
-        z = a["zero"].astype(np.float32) if "zero" in a else np.float32(8)
-        z = np.broadcast_to(z, a["scale"].shape)
-        w = ((q.reshape(out, -1, G) - z[..., None]) * a["scale"][..., None]).reshape(out, p.kp)
-    elif kind == "sparse_int4":
-        q = _unpack_nibble_stream(p).astype(np.float32)
-        G = p.spec.group
-        w = (q.reshape(out, -1, G) * a["scale"][..., None]).reshape(out, p.kp)
-    elif kind == "sparse_fp32":
-        w = _unpack_bitmask(p, a["data"])
-    else:  # pragma: no cover
-        raise AssertionError(kind)
-    return np.ascontiguousarray(w[:, : p.shape[1]], dtype=np.float32)
+    """Packed weight -> dense fp32 (out, in): what every kernel multiplies by (decoded by its
+    layout, kernels/layouts.py)."""
+    return np.ascontiguousarray(p.spec.layout.decode(p)[:, : p.shape[1]], dtype=np.float32)
 
 
 def with_dequantized(tensors: Mapping[str, np.ndarray],
