@@ -6,6 +6,7 @@ import pytest
 from sparsellm import kernels
 from sparsellm.kernels import reference as ref
 from sparsellm.kernels.formats import FORMATS, parse_format
+from sparsellm.kernels.layouts import Sparsity
 
 # (out, in): odd sizes exercise row splits across threads and column padding to 64.
 SHAPES = [(37, 96), (64, 200), (5, 64)]
@@ -14,8 +15,8 @@ TOKENS = [1, 2, 3, 5, 8, 17]  # <= 8: multi-token GEMV; 17: decoded-panel GEMM
 
 def random_weight(rng, shape, fmt):
     w = rng.standard_normal(shape).astype(np.float32) * 0.1
-    kind = parse_format(fmt).kind
-    if kind.startswith("2:4"):
+    sparsity = parse_format(fmt).sparsity
+    if sparsity is Sparsity.TWO_FOUR:
         # keep the 2 largest of every 4 (pad the last partial group with pruned columns)
         out, cols = shape
         cp = -(-cols // 4) * 4
@@ -26,7 +27,7 @@ def random_weight(rng, shape, fmt):
         m = np.zeros_like(g, dtype=bool)
         np.put_along_axis(m, keep, True, axis=2)
         return w, m.reshape(out, cp)[:, :cols]
-    if kind.startswith("sparse"):
+    if sparsity is Sparsity.BITMASK:
         return w, rng.random(shape) < 0.5
     return w, None
 
@@ -71,12 +72,12 @@ def test_dequantized_weights_are_close_to_the_original(rng, fmt):
     w, mask = random_weight(rng, (16, 128), fmt)
     p = kernels.pack(w, fmt, mask)
     target = w if mask is None else w * mask
-    bits = parse_format(fmt).kind
-    rtol = {"fp16": 2 ** -11, "bf16": 2 ** -8}.get(bits, 0)  # half an ulp of the storage type
-    atol = 0 if bits in ("fp32", "sparse_fp32", "fp16", "bf16") else None
+    s = parse_format(fmt)
+    rtol = {"fp16": 2 ** -11, "bf16": 2 ** -8}.get(s.kind, 0)  # half an ulp of the storage type
+    atol = 0 if s.is_float else None
     if atol is None:  # quantized: half a step of the coarsest scale
-        atol = 0.5 * np.abs(w).max() / (7 if "int4" in bits else 127) + 1e-7
-        if "asym" in fmt:
+        atol = 0.5 * np.abs(w).max() / (7 if s.bits == 4 else 127) + 1e-7
+        if s.asym:
             atol *= 2
     np.testing.assert_allclose(ref.dequantize(p), target, rtol=rtol, atol=atol)
     if mask is not None:
@@ -216,7 +217,7 @@ def test_multithreaded_rows_and_panels(isa, rng, fmt):
 def test_pack_quantized_keeps_exact_integers(rng, fmt):
     s = parse_format(fmt)
     out, cols = 24, 128
-    if s.kind.endswith("int8"):
+    if s.bits == 8:
         q = rng.integers(-127, 128, (out, cols))
         scale, zp = rng.random(out).astype(np.float32), None
     else:
@@ -225,9 +226,9 @@ def test_pack_quantized_keeps_exact_integers(rng, fmt):
         scale = rng.random((out, cols // s.group)).astype(np.float32)
         zp = rng.integers(0, 16, scale.shape) if s.asym else None
     mask = None
-    if s.kind.startswith("sparse"):
+    if s.sparsity is Sparsity.BITMASK:
         mask = rng.random(q.shape) < 0.5
-    elif s.kind.startswith("2:4"):
+    elif s.sparsity is Sparsity.TWO_FOUR:
         _, mask = random_weight(rng, (out, cols), fmt)
     p = kernels.pack_quantized(q, scale, fmt, zero_point=zp, mask=mask)
     G = s.group or cols

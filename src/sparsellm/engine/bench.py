@@ -42,7 +42,7 @@ def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, fl
             cols = 1536 if "down" in name else 576
             tensors[name] = rng.standard_normal((rows, cols), np.float32) * .05
             p = make_weight(rng, (rows, cols), fmt)  # for the mask only
-            if p.spec.kind.startswith(("sparse", "2:4")):
+            if p.spec.sparse:
                 masks[name] = dequantize(p) != 0
     formats = dict.fromkeys(linear_weight_names(args), fmt)
     formats["lm_head.weight"] = dense_twin(fmt)

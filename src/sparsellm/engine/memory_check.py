@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..kernels.formats import dense_twin, float_format, packed_nbytes, parse_format
+from ..kernels.layouts import Sparsity
 from ..models import Checkpoint
 from ..models.decoder import EMBEDDING, linear_weight_shape
 
@@ -50,8 +51,8 @@ def resident_weight_bytes(checkpoint: Checkpoint, formats: dict[str, str]) -> in
     for name, fmt in formats.items():
         tied = name == "lm_head.weight" and name not in checkpoint.tensors
         if not (tied and fmt == emb_format):
-            density = _density(checkpoint, name) if parse_format(fmt).kind.startswith(
-                "sparse_") else 1.0
+            bitmask = parse_format(fmt).sparsity is Sparsity.BITMASK  # its bytes follow density
+            density = _density(checkpoint, name) if bitmask else 1.0
             total += packed_nbytes(linear_weight_shape(args, name), fmt, density)
     return total + 8 * args.num_hidden_layers * args.hidden_size * 4
 

@@ -79,7 +79,7 @@ def embedding_format(checkpoint: Checkpoint, formats: dict[str, str]) -> str | N
     fp32 one beside it."""
     head = formats.get("lm_head.weight")
     if EMBEDDING not in checkpoint.weight_formats or "lm_head.weight" in checkpoint.tensors or \
-            head is None or parse_format(head).kind in ("fp32", "fp16", "bf16"):
+            head is None or parse_format(head).is_float:
         return None
     return head
 

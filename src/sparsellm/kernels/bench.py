@@ -22,6 +22,7 @@ import numpy as np
 from . import get_num_threads, pack, set_isa, set_num_threads
 from ._ext import native
 from .formats import FORMATS, parse_format
+from .layouts import Sparsity
 
 # SmolLM2-135M: (out, in) of q/o, k/v, gate/up, down, lm_head; and how often each runs per token
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -34,13 +35,13 @@ CACHE_BYTES = 96 << 20  # > last-level cache
 
 def make_weight(rng: np.random.Generator, shape: tuple[int, int], fmt: str):
     w = rng.standard_normal(shape).astype(np.float32)
-    kind = parse_format(fmt).kind
-    if kind.startswith("2:4"):
+    sparsity = parse_format(fmt).sparsity
+    if sparsity is Sparsity.TWO_FOUR:
         keep = np.argsort(rng.random((shape[0], shape[1] // 4, 4)), axis=2)[:, :, :2]
         m = np.zeros((shape[0], shape[1] // 4, 4), bool)
         np.put_along_axis(m, keep, True, axis=2)
         return pack(w, fmt, m.reshape(shape))
-    if kind.startswith("sparse"):
+    if sparsity is Sparsity.BITMASK:
         return pack(w, fmt, rng.random(shape) < 0.5)  # 50% unstructured
     return pack(w, fmt)
 
