@@ -59,6 +59,15 @@ def test_spec_properties(fmt):
         assert packed_nbytes(w.shape, fmt) == p.nbytes
 
 
+def test_float64_weights_pack_as_their_float32_values(rng):
+    w = rng.standard_normal((16, 100))
+    for fmt in ("fp32", "bf16", "int8", "int8_a8", "int4_g32_asym"):
+        a, b = kernels.pack(w, fmt), kernels.pack(w.astype(np.float32), fmt)
+        assert a.arrays.keys() == b.arrays.keys()
+        for key in a.arrays:
+            np.testing.assert_array_equal(a.arrays[key], b.arrays[key], err_msg=f"{fmt} {key}")
+
+
 def _native_weight(fmt="SP_I8", act_int8=False, group=0, asym=False, **buffers):
     rows, kp = 4, 64
     defaults = {"scale": np.ones(rows, np.float32), "mask": np.zeros((rows, kp // 8), np.uint8),

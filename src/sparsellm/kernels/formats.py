@@ -185,7 +185,8 @@ def pack(w: np.ndarray, format: str, mask: np.ndarray | None = None) -> PackedWe
     """
     s = parse_format(format)
     w = np.asarray(w)
-    if w.dtype == s.layout.stored_as and w.ndim == 2 and mask is None:
+    stored_as = s.layout.stored_as  # (not compared when None: float64 == None is True in NumPy)
+    if stored_as is not None and w.dtype == stored_as and w.ndim == 2 and mask is None:
         # Already in this format (a bf16 / fp16 checkpoint): the bits as stored, no fp32 copy,
         # and no copy at all when the width is aligned (a view of a memory-mapped file stays one).
         kp = padded_cols(w.shape[1])
