@@ -437,7 +437,8 @@ def _decode_sparse_int4(p: PackedWeight) -> np.ndarray:
 def _bitmask_nbytes(out: int, kp: int, s: FormatSpec, density: float) -> int:
     values = math.ceil(density * (kp * s.bits // 8))
     scales = 0 if s.is_float else 4 * (kp // s.group if s.group else 1)
-    return out * (values + kp // 8 + scales + 8) + _VALUE_PAD
+    # per row: values, mask, scales, offset; then the values' padding and the last offset
+    return out * (values + kp // 8 + scales + 8) + _VALUE_PAD + 8
 
 
 # ----------------------------------------------------------------------------------------------
