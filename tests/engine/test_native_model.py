@@ -6,6 +6,7 @@ import pytest
 
 from sparsellm.engine.native_model import NativeDecoderModel
 from sparsellm.kernels.formats import parse_format
+from sparsellm.kernels.layouts import Sparsity
 from sparsellm.models.decoder import (
     DecoderModel,
     ModelArgs,
@@ -73,16 +74,16 @@ def _cols(a, name):
 
 
 def masks_for(args, tensors, fmt, rng):
-    kind = parse_format(fmt).kind
+    sparsity = parse_format(fmt).sparsity
     out = {}
     for name in linear_weight_names(args):
         w = tensors.get(name, tensors["model.embed_tokens.weight"])
-        if kind.startswith("2:4"):
+        if sparsity == Sparsity.TWO_FOUR:
             keep = np.argsort(np.abs(w).reshape(w.shape[0], -1, 4), axis=2)[:, :, 2:]
             m = np.zeros((w.shape[0], w.shape[1] // 4, 4), bool)
             np.put_along_axis(m, keep, True, axis=2)
             out[name] = m.reshape(w.shape)
-        elif kind.startswith("sparse"):
+        elif sparsity == Sparsity.BITMASK:
             out[name] = rng.random(w.shape) < 0.5
     return out
 
