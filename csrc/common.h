@@ -172,6 +172,8 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 }  // namespace avx2
 
 namespace avx512 {
+void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
+                int64_t k, float* Y, int64_t ldy);
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);

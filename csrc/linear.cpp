@@ -85,7 +85,9 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
     for (int64_t t = 0; t < T; ++t)
       for (int64_t k = 0; k < kp; ++k) xp[t * kp + k] = float(s.xq[t * kp + k]) * s.xscale[t];
   }
-  const bool v = use_avx2();
+  const auto gemm = use_avx512() ? avx512::panel_gemm
+                    : use_avx2()  ? avx2::panel_gemm
+                                  : scalar::panel_gemm;
   const int64_t npanels = (w.rows + kPanelRows - 1) / kPanelRows;
   parallel(w.rows * kp * T >= 16 * kMinParallelWork, [&](int id, int nt) {
     float* buf = s.panel.data() + id * kPanelRows * kp;
@@ -94,8 +96,7 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
       const float* panel = buf;
       if (w.fmt == Fmt::F32) panel = static_cast<const float*>(w.data) + r0 * kp;
       else scalar::decode_rows(w, r0, r1, buf);
-      if (v) avx2::panel_gemm(panel, kp, r1 - r0, xp, kp, T, kp, y + r0, ldy);
-      else scalar::panel_gemm(panel, kp, r1 - r0, xp, kp, T, kp, y + r0, ldy);
+      gemm(panel, kp, r1 - r0, xp, kp, T, kp, y + r0, ldy);
     }
   });
 }

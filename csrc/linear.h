@@ -21,7 +21,7 @@ struct LinearScratch {
   void reserve(int64_t T, int64_t kp);
 };
 
-constexpr int64_t kPanelRows = 24;  // multiple of the GEMM micro-kernel's 3 rows
+constexpr int64_t kPanelRows = 48;  // AVX-512 GEMM: 3 vectors of 16 rows; AVX2: 16 x 3 rows
 constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one pass
 
 // Up to gemv_max_tokens(w) tokens, linear() streams each packed weight once and computes every

@@ -195,6 +195,33 @@ def test_bad_inputs_raise_actionable_errors(rng):
         kernels.linear(np.ones((2, 65), np.float32), p)
 
 
+# the formats that leave the GEMV above some T (fp32 activations, int4 W4A8)
+def _gemv_limit(fmt: str) -> int:
+    w, mask = random_weight(np.random.default_rng(0), (16, 64), fmt)
+    return kernels.pack(w, fmt, mask).native().gemv_max_tokens
+
+
+GEMM_FORMATS = [f for f in FORMATS if _gemv_limit(f) < 40]
+
+
+@pytest.mark.parametrize("fmt", GEMM_FORMATS)
+def test_gemm_over_several_panels_and_k_blocks(isa, rng, fmt):
+    """The decoded-panel GEMM (T above the GEMV's limit) on rows that end inside a panel and
+    a width of several k blocks with a partial last one; each token's result is the same
+    whatever tokens share the call."""
+    shape = (100, 700)
+    w, mask = random_weight(rng, shape, fmt)
+    p = kernels.pack(w, fmt, mask)
+    x = rng.standard_normal((45, shape[1])).astype(np.float32)
+    y = kernels.linear(x, p)
+    np.testing.assert_allclose(y, ref.linear(x, p), **tolerance(fmt), err_msg=f"{fmt} {isa}")
+    limit = p.native().gemv_max_tokens
+    for T in (limit + 1, limit + 9):  # GEMM calls of other sizes
+        np.testing.assert_array_equal(kernels.linear(x[:T], p), y[:T],
+                                      err_msg=f"{fmt} T={T} {isa}")
+    np.testing.assert_array_equal(kernels.linear(x[::-1].copy(), p)[::-1], y)
+
+
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int8_a8", "int4_g32_asym_a8",
                                  "sparse_int8_a8", "sparse_int4_g64", "2:4_int8_a8"])
 def test_multithreaded_rows_and_panels(isa, rng, fmt):

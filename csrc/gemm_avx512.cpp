@@ -1,0 +1,103 @@
+// Panel GEMM, AVX-512F: Y[t, r] = dot(W[r], X[t]) for a panel of nr <= kPanelRows decoded
+// weight rows and T tokens, as an outer product. The panel is first laid out k-major, its 48 rows
+// side by side (Wt[k][48], zero rows past nr), so one k step is 3 vectors of weights times 8
+// broadcast activations: 24 accumulators, 3 weight and 1 broadcast register of the 32, and no
+// horizontal sums (the AVX2 kernel's dot-product form spends a load per FMA pair and a reduction
+// per output). k runs in blocks of kKBlock so a block of Wt (48 x 256 floats) stays in L2 and the
+// 8 tokens' slice of X in L1 while all tokens pass over it; each output accumulates its k in
+// order, whatever T is (batch invariant).
+#include <immintrin.h>
+
+#include "common.h"
+#include "linear.h"
+
+namespace sl::avx512 {
+
+static_assert(kPanelRows == 48, "the micro-kernel covers a panel's 48 rows");
+constexpr int kVecs = kPanelRows / 16;
+constexpr int kTokens = 8;
+constexpr int64_t kKBlock = 256;
+
+template <int C>
+static inline void micro(const float* Wt, const float* X, int64_t ldx, int64_t kb, float* Y,
+                         int64_t ldy, const __mmask16* masks, bool accumulate) {
+  __m512 acc[kVecs][C];
+  for (int j = 0; j < C; ++j)
+    for (int i = 0; i < kVecs; ++i)
+      acc[i][j] = accumulate ? _mm512_maskz_loadu_ps(masks[i], Y + j * ldy + 16 * i)
+                             : _mm512_setzero_ps();
+  for (int64_t p = 0; p < kb; ++p) {
+    __m512 w[kVecs];
+    for (int i = 0; i < kVecs; ++i) w[i] = _mm512_load_ps(Wt + p * kPanelRows + 16 * i);
+    for (int j = 0; j < C; ++j) {
+      const __m512 x = _mm512_set1_ps(X[j * ldx + p]);
+      for (int i = 0; i < kVecs; ++i) acc[i][j] = _mm512_fmadd_ps(w[i], x, acc[i][j]);
+    }
+  }
+  for (int j = 0; j < C; ++j)
+    for (int i = 0; i < kVecs; ++i) _mm512_mask_storeu_ps(Y + j * ldy + 16 * i, masks[i], acc[i][j]);
+}
+
+using MicroFn = void (*)(const float*, const float*, int64_t, int64_t, float*, int64_t,
+                         const __mmask16*, bool);
+static constexpr MicroFn kMicro[kTokens + 1] = {nullptr,  micro<1>, micro<2>, micro<3>,
+                                                micro<4>, micro<5>, micro<6>, micro<7>,
+                                                micro<8>};
+
+// In-register transpose of a 16 x 16 block: r[i] holds row i, afterwards column i.
+static inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
+                int64_t k, float* Y, int64_t ldy) {
+  thread_local AlignedVector<float> packed;
+  if (packed.size() < size_t(kPanelRows * k)) packed.resize(size_t(kPanelRows * k));
+  float* Wt = packed.data();
+  // k-major, 16 x 16 blocks transposed in registers (k is a multiple of 64); rows past nr zero
+  for (int i = 0; i < kVecs; ++i)
+    for (int64_t p = 0; p < k; p += 16) {
+      __m512 r[16];
+      for (int j = 0; j < 16; ++j) {
+        const int64_t row = 16 * i + j;
+        r[j] = row < nr ? _mm512_loadu_ps(W + row * ldw + p) : _mm512_setzero_ps();
+      }
+      transpose16(r);
+      for (int j = 0; j < 16; ++j) _mm512_store_ps(Wt + (p + j) * kPanelRows + 16 * i, r[j]);
+    }
+  // Outputs past nr are not this panel's: each vector stores only its rows below nr.
+  __mmask16 masks[kVecs];
+  for (int i = 0; i < kVecs; ++i) {
+    const int64_t n = nr - 16 * i;
+    masks[i] = n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += kKBlock) {
+    const int64_t kb = k0 + kKBlock < k ? kKBlock : k - k0;
+    for (int64_t t = 0; t < T; t += kTokens) {
+      const int64_t c = T - t < kTokens ? T - t : kTokens;
+      kMicro[c](Wt + k0 * kPanelRows, X + t * ldx + k0, ldx, kb, Y + t * ldy, ldy, masks,
+                k0 > 0);
+    }
+  }
+}
+
+}  // namespace sl::avx512
