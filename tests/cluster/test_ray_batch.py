@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from server.test_batch import (  # the fixtures and helpers of the local tests
     MAX_TOKENS,
     PROMPTS,
@@ -15,6 +17,8 @@ from server.test_batch import (  # the fixtures and helpers of the local tests
     read_jsonl,
 )
 from sparsellm.cli import main as cli
+
+pytestmark = pytest.mark.slow  # a Ray instance, replicas and workers to start
 
 __all__ = ["expected", "prompts_file"]  # the fixtures, shared with the local tests
 

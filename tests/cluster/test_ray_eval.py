@@ -13,6 +13,8 @@ from sparsellm.cluster.evaluate import RayWorkers
 from sparsellm.evaluation import EvalSettings, evaluate, evaluate_humaneval
 from sparsellm.models import load_checkpoint
 
+pytestmark = pytest.mark.slow  # a Ray instance, replicas and workers to start
+
 TEXTS = [" ".join(f"word{(i * 7 + j) % 23}" for j in range(3 + 9 * i)) for i in range(12)]
 CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
 # each prompt ends in a comment the completion (cut at its first newline) cannot leave: the
