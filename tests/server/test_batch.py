@@ -134,6 +134,10 @@ def test_an_output_of_another_input_is_refused(tiny_llama_dir, prompts_file, tmp
     out.write_text("not json\n")
     assert cli(batch_args(tiny_llama_dir, prompts_file, out)) == 2
     assert "line 1: not a batch result" in capsys.readouterr().err
+    other = "not json\n" + '{"torn'  # a refused file is left as it was, torn line included
+    out.write_text(other)
+    assert cli(batch_args(tiny_llama_dir, prompts_file, out)) == 2
+    assert out.read_text() == other
 
 
 @pytest.mark.parametrize("line, message", [

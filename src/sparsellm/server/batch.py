@@ -173,9 +173,6 @@ def finished_rows(path: str | Path, rows: list[BatchRow]) -> int:
         return 0
     data = path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1]  # a line without its newline was cut short
-    if len(complete) != len(data):
-        with open(path, "r+b") as f:
-            f.truncate(len(complete))
     lines = complete.decode("utf-8").splitlines()
     if len(lines) > len(rows):
         raise ValueError(f"{path} has {len(lines)} results but the input has {len(rows)} rows: "
@@ -191,6 +188,9 @@ def finished_rows(path: str | Path, rows: list[BatchRow]) -> int:
             raise ValueError(f"{path}, line {number} is the result of {key!r}, but input row "
                              f"{number} is {row.key!r}: the output belongs to another input; "
                              "delete it or choose another output")
+    if len(complete) != len(data):  # only now that the file is known to be this input's
+        with open(path, "r+b") as f:
+            f.truncate(len(complete))
     return len(lines)
 
 
