@@ -172,6 +172,8 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 }  // namespace avx2
 
 namespace avx512 {
+void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out);
+void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
                 int64_t k, float* Y, int64_t ldy);
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
@@ -231,6 +233,7 @@ struct FmtTraits {
   GemvSet fp32_acts;     // GEMVs on fp32 activations
   GemvSet int8_acts;     // GEMVs on per-token int8 activations (W8A8 / W4A8)
   DecodeRowsFn decode_rows;
+  DecodeRowsFn decode_rows_avx512 = nullptr;  // the same values, faster, where there is one
   constexpr const GemvSet& gemvs(bool act_int8) const { return act_int8 ? int8_acts : fp32_acts; }
 };
 
@@ -238,6 +241,7 @@ struct FmtTraits {
 inline constexpr FmtTraits kFmtTraits[] = {
   // fmt, name, value bits, float, sparsity, grouped, asym
   //   fp32 activations {scalar, avx2, avx512, max tokens}, int8 activations {...}, decode_rows
+  //   (and its AVX-512 twin, if any)
   {Fmt::F32, "F32", 32, true, Sparsity::Dense, false, false,
    {{scalar::gemv_f32}, {avx2::gemv_f32}, {}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_f32},
@@ -256,11 +260,11 @@ inline constexpr FmtTraits kFmtTraits[] = {
    scalar::decode_rows_i4},
   {Fmt::SP_F32, "SP_F32", 32, true, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_f32}, {avx2::gemv_sp_f32}, {}, kGemvMaxTokensF32}, {},
-   scalar::decode_rows_sp_f32},
+   scalar::decode_rows_sp_f32, avx512::decode_rows_sp_f32},
   {Fmt::SP_I8, "SP_I8", 8, false, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_i8}, {avx2::gemv_sp_i8}, {}, kGemvMaxTokensF32},
    {{scalar::gemv_sp_i8a8}, {avx2::gemv_sp_i8a8}, {avx512::gemv_sp_i8a8}, kGemvAlways},
-   scalar::decode_rows_sp_i8},
+   scalar::decode_rows_sp_i8, avx512::decode_rows_sp_i8},
   {Fmt::SP_I4, "SP_I4", 4, false, Sparsity::Bitmask, true, false,
    {{scalar::gemv_sp_i4}, {avx2::gemv_sp_i4}, {avx512::gemv_sp_i4}, kGemvMaxTokensF32},
    {{scalar::gemv_sp_i4a8}, {avx2::gemv_sp_i4a8}, {avx512::gemv_sp_i4a8, kGroupSums},
@@ -287,12 +291,12 @@ static_assert(fmt_traits_in_enum_order(), "kFmtTraits: one row per Fmt, in the e
 
 inline const FmtTraits& fmt_traits(Fmt f) { return kFmtTraits[int(f)]; }
 
-namespace scalar {
-// Dequantize rows [r0, r1) of any format into out (r1-r0, kp) fp32.
+// Dequantize rows [r0, r1) of any format into out (r1-r0, kp) fp32 (the same values on every
+// ISA: an AVX-512 decoder is only faster).
 inline void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
-  fmt_traits(w.fmt).decode_rows(w, r0, r1, out);
+  const FmtTraits& t = fmt_traits(w.fmt);
+  (use_avx512() && t.decode_rows_avx512 ? t.decode_rows_avx512 : t.decode_rows)(w, r0, r1, out);
 }
-}  // namespace scalar
 
 // Dynamic symmetric int8 of one row (W8A8 activations, int8 KV-cache rows) on the active ISA;
 // the AVX2 twin takes 32 values at a time, so other lengths go to the (identical) scalar one.

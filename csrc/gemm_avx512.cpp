@@ -35,7 +35,8 @@ static inline void micro(const float* Wt, const float* X, int64_t ldx, int64_t k
     }
   }
   for (int j = 0; j < C; ++j)
-    for (int i = 0; i < kVecs; ++i) _mm512_mask_storeu_ps(Y + j * ldy + 16 * i, masks[i], acc[i][j]);
+    for (int i = 0; i < kVecs; ++i)
+      _mm512_mask_storeu_ps(Y + j * ldy + 16 * i, masks[i], acc[i][j]);
 }
 
 using MicroFn = void (*)(const float*, const float*, int64_t, int64_t, float*, int64_t,

@@ -95,7 +95,7 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
       const int64_t r0 = p * kPanelRows, r1 = std::min(w.rows, r0 + kPanelRows);
       const float* panel = buf;
       if (w.fmt == Fmt::F32) panel = static_cast<const float*>(w.data) + r0 * kp;
-      else scalar::decode_rows(w, r0, r1, buf);
+      else decode_rows(w, r0, r1, buf);
       gemm(panel, kp, r1 - r0, xp, kp, T, kp, y + r0, ldy);
     }
   });

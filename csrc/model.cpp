@@ -174,7 +174,7 @@ void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int
 
   const int64_t D = c.hidden;
   for (int64_t t = 0; t < T; ++t) {
-    scalar::decode_rows(outer_.embed, tokens[t], tokens[t] + 1, embed_row_.data());
+    decode_rows(outer_.embed, tokens[t], tokens[t] + 1, embed_row_.data());
     float* xt = x_.data() + t * D;
     std::memcpy(xt, embed_row_.data(), D * sizeof(float));
     if (c.embed_scale != 1.0f)

@@ -222,6 +222,17 @@ def test_gemm_over_several_panels_and_k_blocks(isa, rng, fmt):
     np.testing.assert_array_equal(kernels.linear(x[::-1].copy(), p)[::-1], y)
 
 
+@pytest.mark.parametrize("fmt", [f for f in GEMM_FORMATS if not parse_format(f).act_int8])
+def test_gemm_panels_hold_exactly_the_dequantized_weights(isa, rng, fmt):
+    """One-hot tokens read the decoded panels back (a single nonzero product per output): every
+    ISA's row decoder gives exactly the NumPy twin's weights."""
+    shape = (70, 192)
+    w, mask = random_weight(rng, shape, fmt)
+    p = kernels.pack(w, fmt, mask)
+    np.testing.assert_array_equal(kernels.linear(np.eye(shape[1], dtype=np.float32), p).T,
+                                  ref.dequantize(p), err_msg=f"{fmt} {isa}")
+
+
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int8_a8", "int4_g32_asym_a8",
                                  "sparse_int8_a8", "sparse_int4_g64", "2:4_int8_a8"])
 def test_multithreaded_rows_and_panels(isa, rng, fmt):
