@@ -163,6 +163,15 @@ def test_killing_a_replica_under_load(deployment, ray_cluster):
     while len(answered_by) < 2 and time.monotonic() < deadline + 30:
         answered_by.add(complete(deployment, PROMPTS[0])[1])
     assert victim not in answered_by and len(answered_by) == 2  # the replacement serves
+    # /metrics shows the live replicas only (the dead one's last figures expire; the board is
+    # recreated if it died with its owner)
+    labels: set[str] = set()
+    while labels != answered_by and time.monotonic() < deadline + 60:
+        time.sleep(1)
+        text = httpx.get(deployment + "/metrics").text
+        labels = {line.split('"')[1] for line in text.splitlines()
+                  if line.startswith('sparsellm_requests_total{replica="')}
+    assert labels == answered_by
 
 
 @pytest.mark.parametrize("args, message", [

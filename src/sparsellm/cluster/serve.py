@@ -21,7 +21,6 @@ Responses carry `x-sparsellm-replica`: the replica that answered.
 # No `from __future__ import annotations`: FastAPI reads the route's parameter types from the
 # class Serve rebuilds, where string annotations do not resolve.
 import argparse
-import json
 import logging
 import threading
 import time
@@ -33,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 from starlette.types import Message
 
@@ -50,37 +50,6 @@ NOT_ARGS = {"host", "port", "drain_timeout"}  # Serve's own settings (http_optio
 _REPLICA_GONE = (RayActorError, ActorDiedError, ActorUnavailableError)
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 1})
-class ModelReplica:
-    """One engine: the server's app in this replica's process."""
-
-    def __init__(self, config: dict[str, Any]):
-        server_config = ServerConfig.model_validate(config)
-        if server_config.num_cores is None:  # the CPUs Serve gave this replica
-            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-            server_config = server_config.model_copy(update={"num_cores": max(1, int(cpus))})
-        context = serve.get_replica_context()
-        self.name = context.replica_id.unique_id
-        self.server = LocalServer(server_config)
-        self.server.load()  # the replica is ready (routed to) once its model is loaded
-        self.board = MetricsBoard.options(name=f"{context.app_name}-metrics", get_if_exists=True,
-                                          namespace="serve").remote()
-        threading.Thread(target=self._publish, name="metrics", daemon=True).start()
-
-    def _publish(self) -> None:
-        while True:
-            ray.get(self.board.put.remote(self.name, self.server.metrics_text()))
-            time.sleep(PUBLISH_SECONDS)
-
-    async def handle(self, method: str, path: str, body: bytes,
-                     headers: dict[str, str]) -> AsyncIterator[Message]:
-        async for message in self.server.stream(method, path, body, headers):
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (REPLICA_HEADER.encode(), self.name.encode())]}
-            yield message
-
-
 @ray.remote(num_cpus=0)
 class MetricsBoard:
     """The latest Prometheus text of each replica (what the router's /metrics shows)."""
@@ -95,6 +64,13 @@ class MetricsBoard:
         now = time.monotonic()
         self.texts = {r: v for r, v in self.texts.items() if now - v[0] < STALE_SECONDS}
         return {r: text for r, (_, text) in sorted(self.texts.items())}
+
+
+def metrics_board(app_name: str) -> Any:
+    """The application's board (created by whichever process asks first; a new one if the
+    process that owned it died)."""
+    return MetricsBoard.options(name=f"{app_name}-metrics", get_if_exists=True,
+                                namespace="serve").remote()
 
 
 def merge_metrics(texts: dict[str, str], label: str = "replica") -> str:
@@ -123,10 +99,44 @@ def merge_metrics(texts: dict[str, str], label: str = "replica") -> str:
     return "".join(line + "\n" for lines in families.values() for line in lines)
 
 
-async def _response(start: Message, messages: AsyncIterator[Message]) -> Response:
+@serve.deployment(ray_actor_options={"num_cpus": 1})
+class ModelReplica:
+    """One engine: the server's app in this replica's process."""
+
+    def __init__(self, config: dict[str, Any]):
+        server_config = ServerConfig.model_validate(config)
+        if server_config.num_cores is None:  # the CPUs Serve gave this replica
+            cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+            server_config = server_config.model_copy(update={"num_cores": max(1, int(cpus))})
+        context = serve.get_replica_context()
+        self.name, self.app_name = context.replica_id.unique_id, context.app_name
+        self.server = LocalServer(server_config)
+        self.server.load()  # the replica is ready (routed to) once its model is loaded
+        threading.Thread(target=self._publish, name="metrics", daemon=True).start()
+
+    def _publish(self) -> None:
+        board = None
+        while True:
+            try:
+                board = board or metrics_board(self.app_name)
+                ray.get(board.put.remote(self.name, self.server.metrics_text()))
+            except Exception as e:  # noqa: BLE001 -- e.g. the board went with its owner
+                log.debug("publishing metrics failed (%r); asking for the board again", e)
+                board = None
+            time.sleep(PUBLISH_SECONDS)
+
+    async def handle(self, method: str, path: str, body: bytes,
+                     headers: dict[str, str]) -> AsyncIterator[Message]:
+        async for message in self.server.stream(method, path, body, headers):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (REPLICA_HEADER.encode(), self.name.encode())]}
+            yield message
+
+
+def _response(start: Message, first: Message, messages: AsyncIterator[Message]) -> Response:
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in start["headers"]
                if k.lower() != b"content-length"}
-    first = await anext(messages)
     if not first.get("more_body", False):  # a whole body (every non-streamed reply)
         return Response(first.get("body", b""), status_code=start["status"], headers=headers)
 
@@ -135,16 +145,31 @@ async def _response(start: Message, messages: AsyncIterator[Message]) -> Respons
         try:
             async for message in messages:
                 yield message.get("body", b"")
-        except _REPLICA_GONE:
-            log.warning("a replica died while streaming a response")
-            error = json.loads(error_bytes(503, "the replica serving this stream stopped; "
-                                                "retry the request"))
-            yield f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()
+        except Exception as e:  # noqa: BLE001 -- the stream has started: end it with an event
+            gone = isinstance(e, _REPLICA_GONE)
+            log.warning("a stream ended early: %s", "its replica died" if gone else repr(e))
+            status = 503 if gone else 500
+            message = "the replica serving this stream stopped; retry the request" if gone \
+                else "internal server error"
+            yield b"data: " + error_bytes(status, message) + b"\n\ndata: [DONE]\n\n"
 
     return StreamingResponse(rest(), status_code=start["status"], headers=headers)
 
 
 ingress = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+
+@ingress.exception_handler(Exception)
+async def _unexpected(request: Request, e: Exception) -> Response:
+    """Anything the router did not expect is still an error in OpenAI's shape: a 503 (retry)
+    when the replicas could not be reached, else a 500."""
+    log.error("%s %s failed in the router: %r", request.method, request.url.path, e)
+    status = 503 if isinstance(e, (*_REPLICA_GONE, RayServeException)) else 500
+    message = "no replica could answer; retry shortly" if status == 503 \
+        else "internal server error"
+    return Response(error_bytes(status, message), status_code=status,
+                    media_type="application/json",
+                    headers={"Retry-After": "2"} if status == 503 else None)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
@@ -155,21 +180,21 @@ class Router:
 
     def __init__(self, replicas: DeploymentHandle):
         self.replicas = replicas.options(stream=True, method_name="handle")
-        app_name = serve.get_replica_context().app_name
-        self.board = MetricsBoard.options(name=f"{app_name}-metrics", get_if_exists=True,
-                                          namespace="serve").remote()
+        self.app_name = serve.get_replica_context().app_name
 
     @ingress.get("/metrics", include_in_schema=False)
     async def metrics(self, request: Request) -> Response:
         """Every live replica's metrics, each sample labelled with its replica (the
         replicas' API key applies: checked by one of them)."""
         check = self.replicas.remote("GET", "/metrics", b"", dict(request.headers))
-        start = await anext(check)
+        start, first = await anext(check), await anext(check)
         if start["status"] != 200:
-            return await _response(start, check)
-        async for _ in check:
-            pass
-        return PlainTextResponse(merge_metrics(await self.board.get.remote()),
+            return _response(start, first, check)
+        try:
+            texts = await metrics_board(self.app_name).get.remote()
+        except RayActorError:  # its owner just died; the replicas fill a new one within a second
+            texts = {}
+        return PlainTextResponse(merge_metrics(texts),
                                  media_type="text/plain; version=0.0.4")
 
     @ingress.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE",
@@ -179,13 +204,13 @@ class Router:
         headers = {k: v for k, v in request.headers.items() if k != "content-length"}
         for _ in range(RETRIES):
             messages = self.replicas.remote(request.method, "/" + path, body, headers)
-            try:
-                start = await anext(messages)
+            try:  # a non-streamed reply is these two messages: all of it or a retry
+                start, first = await anext(messages), await anext(messages)
             except _REPLICA_GONE:
                 log.warning("a replica died before answering %s /%s; retrying on another",
                             request.method, path)
                 continue
-            return await _response(start, messages)
+            return _response(start, first, messages)
         return Response(error_bytes(503, "no replica could answer (replicas are restarting); "
                                          "retry shortly"), status_code=503,
                         media_type="application/json", headers={"Retry-After": "2"})
