@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from server.conftest import free_port
 from sparsellm.server.config import ServerConfig
 from sparsellm.server.local import LocalServer
 
@@ -31,21 +32,13 @@ APP = "sparsellm"
 
 @pytest.fixture(scope="module")
 def deployment(ray_cluster, tiny_llama_dir):
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(app({"model": str(tiny_llama_dir), "served_model_name": "tiny",
                    "num_replicas": 2, "num_cores": 1, "max_concurrent_requests": 4}),
               name=APP, route_prefix="/")
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -18,3 +18,8 @@ def connect(address: str | None = None) -> Any:
         ray.init(address=address, logging_level="WARNING", log_to_driver=False,
                  include_dashboard=False)
     return ray
+
+
+def worker_count(ray: Any, threads: int, workers: int | None = None) -> int:
+    """`workers`, else as many engines of `threads` threads as the cluster's CPUs hold."""
+    return workers or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)

@@ -20,7 +20,7 @@ from typing import Any
 from ..server.batch import BatchRow, run_rows
 from ..server.config import ServerConfig
 from ..server.local import LocalServer
-from . import connect
+from . import connect, worker_count
 
 
 class BatchWorker:
@@ -52,8 +52,7 @@ def run_on_ray(server_config: ServerConfig, model: str, rows: list[BatchRow],
     `server_config.num_cores` threads each (default: as many as the cluster's CPUs hold)."""
     ray = connect(address)
     threads = server_config.num_cores or 1
-    if workers is None:
-        workers = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
+    workers = worker_count(ray, threads, workers)
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False  # the command shows its own

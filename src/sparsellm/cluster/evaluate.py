@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import connect
+from . import connect, worker_count
 
 T = TypeVar("T")
 RETRIES = 3  # a task whose worker died runs again
@@ -19,8 +19,7 @@ class RayWorkers:
     def __init__(self, address: str | None = None, count: int | None = None, threads: int = 1):
         self.ray = connect(address)
         self.threads = threads
-        cpus = int(self.ray.cluster_resources().get("CPU", 1))
-        self.count = count or max(1, cpus // threads)
+        self.count = worker_count(self.ray, threads, count)
 
     def map(self, fn: Callable[..., T], args: list[tuple[Any, ...]],
             on_done: Callable[[int], None]) -> list[T]:

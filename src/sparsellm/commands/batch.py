@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 
 from ..models import DEFAULT_MODEL
 from .generate import add_engine_arguments, engine_kwargs
+from .ray_options import add_ray_arguments, check_ray_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,13 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plain-text prompts: stop string (repeatable)")
     p.add_argument("--max-concurrent-requests", type=int, default=None,
                    help="sequences generated together per engine (default 8)")
-    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="fan out over a Ray cluster: ADDRESS (host:port, or 'auto' for the "
-                        "cluster this machine is in); without one, $RAY_ADDRESS or a new local "
-                        "instance")
-    p.add_argument("--workers", type=int, default=None,
-                   help="with --ray: engines (Ray actors) to run, each with --num-cores threads "
-                        "(default: the cluster's CPUs / --num-cores)")
+    add_ray_arguments(p, "the rows")
     add_engine_arguments(p)
 
 
@@ -59,9 +55,7 @@ def main(args: argparse.Namespace) -> int:
     from ..server.batch import read_rows, run_batch, run_local
     from ..server.config import ServerConfig
 
-    if args.workers is not None and args.ray is None:
-        raise ValueError("--workers is for --ray; a local run has one engine "
-                         "(--max-concurrent-requests sets its batch slots)")
+    check_ray_arguments(args)
     request = {k: v for k, v in dict(max_tokens=args.max_tokens, temperature=args.temperature,
                                      top_p=args.top_p, seed=args.seed, stop=args.stop).items()
                if v is not None}
@@ -77,14 +71,12 @@ def main(args: argparse.Namespace) -> int:
         endpoints=[{"model": model, "name": name, "kwargs": engine}], num_cores=num_cores,
         max_concurrent_requests=args.max_concurrent_requests or 8, log_level="warning")
     if args.ray is None:
-        def runner(todo):  # noqa: ANN001, ANN202
-            return run_local(config, name, todo)
+        runner = partial(run_local, config, name)
     else:
         from ..cluster.batch import run_on_ray
 
-        def runner(todo):  # noqa: ANN001, ANN202
-            return run_on_ray(config, name, todo, address=args.ray or None,
-                              workers=args.workers)
+        runner = partial(run_on_ray, config, name, address=args.ray or None,
+                         workers=args.workers)
 
     start = time.perf_counter()
     with progress_bar(len(rows), "batch", unit="row") as bar:

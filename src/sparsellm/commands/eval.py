@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from ..models import DEFAULT_MODEL
+from .ray_options import add_ray_arguments, check_ray_arguments
 
 PERPLEXITY_COLUMNS = [("model", 32, "<"), ("format", 24, "<"), ("PPL", 10, ">"),
                       ("tokens", 9, ">"), ("seconds", 9, ">")]
@@ -63,13 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="FORMAT",
                    help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8) "
                    "instead of running the checkpoint's declared formats")
-    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="perplexity and humaneval: spread the samples or problems over a Ray "
-                        "cluster (ADDRESS host:port or 'auto'; without one, $RAY_ADDRESS or a "
-                        'new local instance; pip install "sparsellm[ray]")')
-    p.add_argument("--workers", type=int, default=None,
-                   help="with --ray: parts run at once, each an engine of --num-cores threads "
-                        "(default: the cluster's CPUs / --num-cores)")
+    add_ray_arguments(p, "perplexity samples or HumanEval problems")
     p.add_argument("--export-json", default=None, metavar="FILE",
                    help="write the results (a JSON list, one object per model) to FILE")
 
@@ -99,17 +94,16 @@ def main(args: argparse.Namespace) -> int:
             print('sparsellm eval: error: --integration lm-evaluation-harness needs lm-eval: '
                   'pip install "sparsellm[lm-eval]"', file=sys.stderr)
             return 2
-    if args.workers is not None and args.ray is None:
-        raise ValueError("--workers is for --ray")
+    check_ray_arguments(args)
     if args.ray is not None and harness:
         raise ValueError("--ray spreads perplexity and humaneval; lm-evaluation-harness runs "
                          "in this process")
-    workers = None
+    workers, num_cores = None, args.num_cores
     if args.ray is not None:
         from ..cluster.evaluate import RayWorkers
 
-        workers = RayWorkers(args.ray or None, args.workers, args.num_cores or 1)
-        args.num_cores = args.num_cores or 1  # each worker's engine
+        num_cores = num_cores or 1  # each worker's engine
+        workers = RayWorkers(args.ray or None, args.workers, num_cores)
     results = []
     for model in args.models or [DEFAULT_MODEL]:
         r = evaluate(
@@ -121,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
             batch_size=args.batch_size, max_generated_tokens=args.max_generated_tokens,
             split=args.split, timeout=args.timeout,
             prompt_processing_sequence_length=args.prompt_processing_sequence_length,
-            num_cores=args.num_cores,
+            num_cores=num_cores,
             weights=args.weights,
             workers=workers,
         )
