@@ -21,13 +21,15 @@ namespace sl {
 // ---------------------------------------------------------------------------------------------
 // ISA selection (cpu.cpp; threads: threads.h)
 // ---------------------------------------------------------------------------------------------
-// Avx512 adds the W8A8 and sparse int4 kernels of gemv_avx512.cpp to the AVX2 set (every other
-// kernel stays AVX2 there); it implies AVX2.
+// Avx512 adds the W8A8, dense W4A16 and sparse int4 kernels of gemv_avx512.cpp, the GEMM of
+// gemm_avx512.cpp and the row decoders of decode_avx512.cpp to the AVX2 set (every other kernel
+// stays AVX2 there); it implies AVX2.
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
 bool cpu_supports_avx2();     // AVX2 + FMA + F16C + POPCNT, checked once with cpuid
 bool cpu_supports_avx512();   // AVX2 set + AVX512 F/BW/VL/VNNI/VBMI/VBMI2
 Isa active_isa();             // what kernels dispatch to now (default: best supported)
+bool prefetch_single_stream();  // software prefetch for one token's weight stream (tiles.h)
 void set_isa(const std::string& name);  // "scalar" | "avx2" | "avx512" | "auto"; throws if unsupported
 inline bool use_avx2() { return active_isa() >= Isa::Avx2; }
 inline bool use_avx512() { return active_isa() == Isa::Avx512; }
@@ -176,6 +178,7 @@ void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out);
 void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
                 int64_t k, float* Y, int64_t ldy);
+void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
@@ -255,7 +258,8 @@ inline constexpr FmtTraits kFmtTraits[] = {
    {{scalar::gemv_i8}, {avx2::gemv_i8}, {}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_i8},
   {Fmt::I4, "I4", 4, false, Sparsity::Dense, true, true,
-   {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums}, {}, kGemvMaxTokensF32},
+   {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums}, {avx512::gemv_i4},
+    kGemvMaxTokensF32},
    {{scalar::gemv_i4a8, kGroupSums}, {avx2::gemv_i4a8, kGroupSums}, {}, kGemvMaxTokensI4A8},
    scalar::decode_rows_i4},
   {Fmt::SP_F32, "SP_F32", 32, true, Sparsity::Bitmask, false, false,

@@ -29,6 +29,14 @@ bool cpu_supports_avx512() {
   return ok;
 }
 
+bool prefetch_single_stream() {
+  static const bool on = [] {
+    __builtin_cpu_init();
+    return !__builtin_cpu_is("amd");
+  }();
+  return on;
+}
+
 static Isa best_isa() {
   return cpu_supports_avx512() ? Isa::Avx512 : cpu_supports_avx2() ? Isa::Avx2 : Isa::Scalar;
 }

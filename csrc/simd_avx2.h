@@ -70,8 +70,9 @@ inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ld
     __m256 s[NT][A];
     for (int t = 0; t < NT; ++t)
       for (int i = 0; i < A; ++i) s[t][i] = _mm256_setzero_ps();
+    const bool prefetch = NT > 1 || A == 4 || prefetch_single_stream();  // tiles.h
     for (int64_t k = 0; k < kp; k += 8 * A) {
-      if constexpr (NT > 1 || A == 4)  // see tiles.h; int8 W8A16 at T == 1: 0.92x without
+      if (prefetch)
         for (int64_t b = 0; b < 8 * A * int64_t(sizeof(V)); b += 64)
           prefetch_ahead(reinterpret_cast<const char*>(row + k) + b);
       __m256 wv[A];

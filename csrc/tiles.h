@@ -36,17 +36,20 @@ inline void run_tile(int64_t n, Row& row, int64_t ra, int64_t rz, int64_t t0) {
 }
 
 // Software prefetch of a weight stream, kPrefetchAhead bytes ahead, into L2: the kernels that
-// stream weights faster than they compute on them (the float-row kernels and W8A8) call it
-// once per step of their column loop with the address they read. With several tokens per tile
-// such a kernel does enough arithmetic per cache line that its out-of-order window no longer
-// covers the DRAM latency, and the hardware prefetcher alone did not keep up: fp32 with 4
+// stream weights faster than they compute on them (the float-row kernels, W8A8 and dense int4)
+// call it once per step of their column loop with the address they read. With several tokens
+// per tile such a kernel does enough arithmetic per cache line that its out-of-order window no
+// longer covers the DRAM latency, and the hardware prefetcher alone did not keep up: fp32 with 4
 // tokens took 1.4-1.6x the time of 1 token, W8A8 (VNNI) with 8 tokens 1.7-2.4x; with this,
 // 1.0x and 1.5-1.7x (96 matrices of SmolLM2 shapes, 2 threads). 2 KB ahead was too short, 8
 // and 16 KB did the same. The AVX2 int4 and sparse kernels are compute-bound and gained
-// nothing. At T == 1 it depends on the kernel: decode of the bitmask W8A8 model is 1.08x faster
-// with it, and int8 W8A16 1.09x, but fp32/fp16/bf16 rows and the 16-row-block W8A8 kernels
-// stream faster without it (fp32 decode 1.23-1.25x, W8A8 1.11x over the model's matrices in
-// their huge-page block), so those prefetch only for tiles of several tokens.
+// nothing. At T == 1 it depends on the CPU (prefetch_single_stream(), cpu.cpp). On the AMD EPYC
+// (Zen 4) VMs fp32/fp16/bf16 rows and the 16-row-block W8A8 kernel streamed faster without it
+// (fp32 decode 1.23-1.25x, W8A8 1.11x), while int8 W8A16 and bitmask W8A8 gained 1.08-1.09x.
+// On the Intel Xeon (Sapphire Rapids) VMs the hardware prefetcher alone left bf16 rows at 18 of
+// the 25-30 GB/s two threads read (TinyLlama-1.1B shapes, out of the 260 MB L3): with it they
+// stream 27, fp32 31, dense int4 (AVX-512) 25 instead of 16; 16-row-block W8A8 stays at 30
+// either way, so it prefetches only for several tokens.
 constexpr int64_t kPrefetchAhead = 8192;
 
 inline void prefetch_ahead(const void* p) {
