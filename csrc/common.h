@@ -179,6 +179,7 @@ void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
                 int64_t k, float* Y, int64_t ldy);
 void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
@@ -209,17 +210,20 @@ constexpr bool kGroupSums = true;
 // fp32 GEMM at every T (T = 64: int8_a8 0.63 with AVX-512 VNNI, 0.81 with AVX2; sparse_int8_a8
 // 0.36 / 0.73; T = 128: 0.69, 0.43, 2:4 0.99), so they never leave it: W8A8 prefill, batches and
 // verification are all int32-exact, bitwise equal to decode. int4_g32_a8 matches the GEMM at
-// T = 32 (1.09) and loses above (1.19 at 64). Bitmask int4 with int8 activations stays on the
+// T = 32 (1.09) and loses above (1.19 at 64) with AVX2's maddubs; its AVX-512 VNNI kernel
+// stays on the GEMV at every T (TinyLlama-1.1B shapes: see avx512_max_tokens in kFmtTraits).
+// Bitmask int4 with int8 activations stays on the
 // GEMV too: decoding its panels makes the GEMM slower still (2 threads: 0.32 at T = 32, 0.44 at
 // 64, 0.70 at 128).
 constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32, kGemvAlways = INT64_MAX;
 
 // A format's GEMVs for one type of activations: per ISA (avx512 {}: the AVX2 kernel runs on
-// AVX-512 machines too), and the largest T they serve. scalar.fn == nullptr: the format does
-// not run with these activations.
+// AVX-512 machines too), and the largest T they serve (avx512_max_tokens, if set, when the
+// AVX-512 kernel runs). scalar.fn == nullptr: the format does not run with these activations.
 struct GemvSet {
   Gemv scalar, avx2, avx512;
   int64_t max_tokens = 0;
+  int64_t avx512_max_tokens = 0;
   constexpr bool runs() const { return scalar.fn != nullptr; }
 };
 
@@ -260,7 +264,8 @@ inline constexpr FmtTraits kFmtTraits[] = {
   {Fmt::I4, "I4", 4, false, Sparsity::Dense, true, true,
    {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums}, {avx512::gemv_i4},
     kGemvMaxTokensF32},
-   {{scalar::gemv_i4a8, kGroupSums}, {avx2::gemv_i4a8, kGroupSums}, {}, kGemvMaxTokensI4A8},
+   {{scalar::gemv_i4a8, kGroupSums}, {avx2::gemv_i4a8, kGroupSums}, {avx512::gemv_i4a8, kGroupSums},
+    kGemvMaxTokensI4A8, kGemvAlways},
    scalar::decode_rows_i4},
   {Fmt::SP_F32, "SP_F32", 32, true, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_f32}, {avx2::gemv_sp_f32}, {}, kGemvMaxTokensF32}, {},

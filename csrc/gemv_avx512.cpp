@@ -277,6 +277,84 @@ void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
 }
 
 
+// Dense int4 with int8 activations (W4A8), VNNI. Two 16-byte blocks (64 columns) become 64
+// unsigned bytes in column order with one broadcast load, one shift of the upper half by 4, an
+// and, and one 128-bit lane shuffle ([low nibbles of block 0 | its high nibbles | block 1's]);
+// vpdpbusd adds each token's 4-column products into 16 int32 lanes, exact over a group, which
+// are converted and scaled at the group's end (per 64 columns when G == 32: lanes 0-7 and 8-15
+// are different groups). The zero points' share, sum_g s_g z_g (group sum of xq), is
+// subtracted once per row and token (Acts::gsum).
+namespace {
+template <bool Asym, int G>
+void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const uint8_t* W = static_cast<const uint8_t*>(w.data);
+  const int64_t kp = w.kp, ng = kp / G;
+  const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
+    constexpr int NT = decltype(nt)::value;
+    const __m512i high_half = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const uint8_t* q = W + r * (kp / 2);
+    const float* sc = w.scale + r * ng;
+    const int8_t* xq = a.xq + t0 * kp;
+    __m512 acc[NT];
+    __m512i dot[NT];
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm512_setzero_ps();
+      dot[t] = _mm512_setzero_si512();
+    }
+    for (int64_t k = 0; k < kp; k += 64) {
+      if ((k & 127) == 0) prefetch_ahead(q + k / 2);
+      const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(q + k / 2)));  // [block 0 | block 1 | block 0 | 1]
+      const __m512i v = _mm512_and_si512(_mm512_srlv_epi64(both, high_half), low4);
+      const __m512i u = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));  // [lo 0 | hi 0 |
+                                                                              //  lo 1 | hi 1]
+      for (int t = 0; t < NT; ++t)
+        dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * kp + k));
+      if (G == 32 || (k + 64) % G == 0) {  // a group (or two) ends
+        const __m512 s = G > 32 ? _mm512_set1_ps(sc[k / G])
+                                : _mm512_castpd_ps(_mm512_insertf64x4(
+                                      _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
+                                      _mm256_castps_pd(_mm256_set1_ps(sc[k / 32 + 1])), 1));
+        for (int t = 0; t < NT; ++t) {
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), s, acc[t]);
+          dot[t] = _mm512_setzero_si512();
+        }
+      }
+    }
+    const uint8_t* zp = Asym ? w.zero + r * ng : nullptr;
+    for (int t = 0; t < NT; ++t) {
+      const float* gs = a.gsum + (t0 + t) * ng;
+      __m512 zero_term = _mm512_setzero_ps();  // sum_g s_g z_g gsum_g, 16 groups at a time
+      for (int64_t g = 0; g < ng; g += 16) {
+        const __mmask16 m = ng - g >= 16 ? 0xffff : (1u << (ng - g)) - 1;
+        const __m512 z = Asym ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                    _mm_maskz_loadu_epi8(m, zp + g)))
+                              : _mm512_set1_ps(8.f);
+        zero_term = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, sc + g), z),
+                                    _mm512_maskz_loadu_ps(m, gs + g), zero_term);
+      }
+      y[(t0 + t) * ldy + r] =
+          (_mm512_reduce_add_ps(acc[t]) - _mm512_reduce_add_ps(zero_term)) * a.xscale[t0 + t];
+    }
+  };
+  for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, row);
+}
+
+template <bool Asym>
+void i4a8_groups(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
+                 int64_t r1) {
+  if (w.group == 32) return i4a8_rows<Asym, 32>(w, a, y, ldy, r0, r1);
+  if (w.group == 64) return i4a8_rows<Asym, 64>(w, a, y, ldy, r0, r1);
+  i4a8_rows<Asym, 128>(w, a, y, ldy, r0, r1);
+}
+}  // namespace
+
+void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  w.asym ? i4a8_groups<true>(w, a, y, ldy, r0, r1) : i4a8_groups<false>(w, a, y, ldy, r0, r1);
+}
+
+
 // Bitmask sparse int4 with int8 activations (W4A8), VNNI. A word's nibbles are widened and
 // expanded as in gemv_sp_i4, as unsigned offset values (q + 8; dropped columns get 8, i.e. 0);
 // vpdpbusd adds each token's products into 16 int32 lanes, exact over a whole group, which is

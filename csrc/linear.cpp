@@ -21,7 +21,8 @@ static const Gemv& pick_gemv(const Weight& w) {
 static int64_t g_gemv_max_tokens = 0;  // 0: the per-format defaults (kFmtTraits)
 int64_t gemv_max_tokens(const Weight& w) {
   if (g_gemv_max_tokens > 0) return g_gemv_max_tokens;
-  return fmt_traits(w.fmt).gemvs(w.act_int8).max_tokens;
+  const GemvSet& k = fmt_traits(w.fmt).gemvs(w.act_int8);
+  return use_avx512() && k.avx512.fn && k.avx512_max_tokens ? k.avx512_max_tokens : k.max_tokens;
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
