@@ -1,0 +1,239 @@
+"""sparsellm beside its CPU peers on the same weights, one table per model shape.
+
+    python benchmarks/peers.py --shape tinyllama-1.1b [--rounds 3] [--threads 2]
+        [--pairs bf16 int8_a8 int4_g32 sparse_int8_a8] [--peers llamacpp openvino openvino-f32]
+        [--openvino-python /tmp/ovenv/bin/python]
+
+Per format pair (ours vs llama.cpp's: bf16 vs BF16, int8_a8 vs Q8_0, int4_g32 and int4_g32_a8
+vs Q4_0 (which quantizes activations to int8 blocks, as int4_g32_a8 does per token), 50%-sparse
+int8_a8 vs the dense Q8_0, which is what a llama.cpp user of the pruned model runs) and per
+OpenVINO GenAI weight format (its defaults on this CPU: bf16 compute, u8 KV cache;
+openvino-f32: its strict fp32 mode): decode tok/s
+(64 greedy tokens after an 8-token prompt, as llama-bench's tg64), prefill tok/s of a 512-token
+prompt (pp512), time to first token of a 128-token prompt, and the process's peak RSS. Every
+figure comes from a fresh process; rounds alternate systems (ours, peer, ours, peer...) and the
+table holds medians, so machine noise hits both sides alike.
+
+Weights: random_checkpoint.py writes the HF folder (bf16) and its 50%-pruned twin once under
+--scratch, then a GGUF of the same bf16 values; llama.cpp's own quantizer makes Q8_0 and Q4_0 from
+it. OpenVINO models are exported from the same folder by optimum-intel.
+
+Setup, once, outside CI (peers are never sparsellm dependencies):
+    pip install llama-cpp-python gguf                  # compiles llama.cpp, ~15 min on 2 cores
+    python -m venv ovenv && ovenv/bin/pip install torch==2.13.0 openvino-genai optimum-intel
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from random_checkpoint import write_gguf, write_hf_folder
+
+PROMPT, TTFT_PROMPT, DECODE, DECODE_PROMPT = 512, 128, 64, 8
+
+# our format -> (checkpoint variant, llama.cpp type, OpenVINO weight format)
+PAIRS = {
+    "bf16": ("dense", "BF16", "fp16"),
+    "int8_a8": ("dense", "Q8_0", "int8"),
+    "int4_g32": ("dense", "Q4_0", "int4"),
+    "int4_g32_a8": ("dense", "Q4_0", "int4"),
+    "sparse_int8_a8": ("sparse50", "Q8_0", None),
+}
+LLAMA_FTYPES = {"Q8_0": 7, "Q4_0": 2}
+
+# Each child prints one JSON line: decode_tok_s, prefill_tok_s, ttft_s, peak_gb.
+COMMON = f"PROMPT, TTFT_PROMPT, DECODE, DECODE_PROMPT = {PROMPT}, {TTFT_PROMPT}, {DECODE}, " \
+    f"{DECODE_PROMPT}" + r"""
+import json, resource, sys, time
+import numpy as np
+kind, path, weights, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rng = np.random.default_rng(0)
+def prompt(n):
+    return [int(t) for t in rng.integers(100, 40000, n)]
+def report(runner):
+    runner.first(prompt(4))                           # warm up: pages mapped, threads started
+    t = time.perf_counter(); runner.first(prompt(TTFT_PROMPT)); ttft = time.perf_counter() - t
+    prefill = []
+    for _ in range(2):
+        ids = prompt(PROMPT)
+        t = time.perf_counter(); runner.first(ids); prefill.append(time.perf_counter() - t)
+    decode = []
+    for _ in range(2):
+        token = runner.first(prompt(DECODE_PROMPT))
+        t = time.perf_counter()
+        for _ in range(DECODE):
+            token = runner.next(token)
+        decode.append(time.perf_counter() - t)
+    print(json.dumps({"decode_tok_s": DECODE / min(decode), "prefill_tok_s": PROMPT / min(prefill),
+                      "ttft_s": ttft,
+                      "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}))
+"""
+
+CHILDREN = {
+    "sparsellm": COMMON + r"""
+from sparsellm.engine import Engine
+engine = Engine(path, sequence_length=PROMPT + DECODE + 8, weights=weights, num_cores=threads)
+class Runner:
+    seq = None
+    def first(self, ids):
+        if self.seq is not None:
+            engine.release(self.seq)
+        self.seq = engine.add_sequence()
+        return int(engine.prefill(self.seq, ids)[-1].argmax())
+    def next(self, token):
+        return int(engine.decode_step([self.seq], [token])[0].argmax())
+report(Runner())
+""",
+    "llamacpp": COMMON + r"""
+from llama_cpp import Llama
+llm = Llama(model_path=path, n_ctx=PROMPT + DECODE + 8, n_batch=PROMPT, n_ubatch=PROMPT,
+            n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
+class Runner:
+    def first(self, ids):
+        llm.reset(); llm.eval(ids)
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    def next(self, token):
+        llm.eval([token])
+        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+report(Runner())
+""",
+    "openvino": COMMON + r"""
+import openvino as ov, openvino_genai as ov_genai
+config = {"INFERENCE_NUM_THREADS": threads}
+if weights.endswith("f32"):                     # strict fp32: what our fp32 path computes
+    config["INFERENCE_PRECISION_HINT"] = "f32"
+pipe = ov_genai.LLMPipeline(path, "CPU", **config)
+def generate(ids, n):                           # -> (first token s, s per later token)
+    gen = ov_genai.GenerationConfig()
+    gen.max_new_tokens = gen.min_new_tokens = n
+    gen.do_sample = False
+    metrics = pipe.generate(ov.Tensor(np.array([ids], np.int64)), gen).perf_metrics
+    return metrics.get_ttft().mean / 1e3, metrics.get_tpot().mean / 1e3
+generate(prompt(4), 2)
+ttft = generate(prompt(TTFT_PROMPT), 1)[0]
+prefill = min(generate(prompt(PROMPT), 1)[0] for _ in range(2))
+tpot = min(generate(prompt(DECODE_PROMPT), DECODE + 1)[1] for _ in range(2))
+print(json.dumps({"decode_tok_s": 1 / tpot, "prefill_tok_s": PROMPT / prefill, "ttft_s": ttft,
+                  "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}))
+""",
+}
+
+
+def measure(python: str, kind: str, path: Path, weights: str, threads: int) -> dict:
+    out = subprocess.run([python, "-c", CHILDREN[kind], kind, str(path), weights, str(threads)],
+                         capture_output=True, text=True)
+    if out.returncode:
+        lines = out.stderr.strip().splitlines() or ["(no output)"]
+        raise SystemExit(f"{kind} {weights} on {path} failed: {lines[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_python: str) -> dict:
+    """Write what the runs need, once -> {(system, pair): (path, weights)}."""
+    folders = {}
+    for variant, sparsity in (("dense", 0.0), ("sparse50", 0.5)):
+        if any(PAIRS[p][0] == variant for p in pairs):
+            folder = scratch / f"{shape}-{variant}"
+            if not (folder / "config.json").exists():
+                print(f"writing {folder}", file=sys.stderr)
+                write_hf_folder(shape, folder, sparsity)
+            folders[variant] = folder
+    runs = {}
+    for pair in pairs:
+        variant, llama_type, ov_format = PAIRS[pair]
+        runs["sparsellm", pair] = (folders[variant], pair)
+        if "llamacpp" in peers:
+            runs["llamacpp", pair] = (llama_gguf(folders["dense"], llama_type), llama_type)
+        for peer in ("openvino", "openvino-f32"):
+            if peer in peers and ov_format:
+                model = openvino_model(folders["dense"], ov_format, ov_python)
+                runs[peer, pair] = (model, ov_format + ("-f32" if peer.endswith("f32") else ""))
+    return runs
+
+
+def llama_gguf(folder: Path, llama_type: str) -> Path:
+    bf16 = folder.with_name(folder.name + "-BF16.gguf")
+    if not bf16.exists():
+        print(f"writing {bf16}", file=sys.stderr)
+        write_gguf(folder, bf16)
+    if llama_type == "BF16":
+        return bf16
+    out = folder.with_name(f"{folder.name}-{llama_type}.gguf")
+    if not out.exists():
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread = LLAMA_FTYPES[llama_type], 2
+        if llama_cpp.llama_model_quantize(str(bf16).encode(), str(out).encode(),
+                                          ctypes.byref(params)):
+            raise SystemExit(f"llama.cpp could not quantize {bf16} to {llama_type}")
+    return out
+
+
+def openvino_model(folder: Path, fmt: str, python: str) -> Path:
+    out = folder.with_name(f"{folder.name}-ov-{fmt}")
+    if not (out / "openvino_model.xml").exists():
+        print(f"exporting {out}", file=sys.stderr)
+        extra = ["--group-size", "32", "--ratio", "1.0", "--sym"] if fmt == "int4" else []
+        cli = str(Path(python).with_name("optimum-cli"))
+        subprocess.run([cli, "export", "openvino", "--model", str(folder), "--task",
+                        "text-generation-with-past", "--weight-format", fmt, *extra, str(out)],
+                       check=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="tinyllama-1.1b")
+    p.add_argument("--scratch", type=Path, default=Path("scratch/peers"))
+    p.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    p.add_argument("--peers", nargs="+", default=["llamacpp"],
+                   choices=["llamacpp", "openvino", "openvino-f32"])
+    p.add_argument("--openvino-python", default=sys.executable,
+                   help="the Python that has openvino-genai and optimum-intel (a venv of its own)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    runs = prepare(args.shape, args.scratch, args.pairs, args.peers, args.openvino_python)
+    results: dict[tuple[str, str], list[dict]] = {key: [] for key in runs}
+    for r in range(args.rounds):
+        for key, (path, weights) in runs.items():
+            python = args.openvino_python if key[0].startswith("openvino") else sys.executable
+            kind = "openvino" if key[0].startswith("openvino") else key[0]
+            results[key].append(measure(python, kind, path, weights, args.threads))
+            print(f"round {r + 1}: {key[0]} {weights}: {results[key][-1]}", file=sys.stderr)
+    print_table(args, runs, results)
+
+
+def print_table(args, runs, results) -> None:
+    def med(key, field):
+        return statistics.median(x[field] for x in results[key])
+
+    print(f"\n{args.shape}, {args.threads} threads, medians of {args.rounds} interleaved rounds "
+          f"(fresh process each)\n")
+    print("| ours | peer | decode tok/s | ratio | prefill tok/s (pp512) | ratio | "
+          "first token, 128-token prompt | peak RSS GB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for pair in args.pairs:
+        ours = ("sparsellm", pair)
+        for peer in args.peers:
+            key = (peer, pair)
+            if key not in runs:
+                continue
+            d, pf = med(ours, "decode_tok_s"), med(ours, "prefill_tok_s")
+            pd, ppf = med(key, "decode_tok_s"), med(key, "prefill_tok_s")
+            print(f"| {pair} | {peer} {runs[key][1]} | {d:.1f} vs {pd:.1f} | {d / pd:.2f}x | "
+                  f"{pf:.0f} vs {ppf:.0f} | {pf / ppf:.2f}x | "
+                  f"{med(ours, 'ttft_s') * 1e3:.0f} vs {med(key, 'ttft_s') * 1e3:.0f} ms | "
+                  f"{med(ours, 'peak_gb'):.2f} vs {med(key, 'peak_gb'):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
