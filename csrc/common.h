@@ -21,9 +21,9 @@ namespace sl {
 // ---------------------------------------------------------------------------------------------
 // ISA selection (cpu.cpp; threads: threads.h)
 // ---------------------------------------------------------------------------------------------
-// Avx512 adds the W8A8, dense W4A16 and sparse int4 kernels of gemv_avx512.cpp, the GEMM of
-// gemm_avx512.cpp and the row decoders of decode_avx512.cpp to the AVX2 set (every other kernel
-// stays AVX2 there); it implies AVX2.
+// Avx512 adds the W8A8, dense int4 (W4A16, W4A8) and sparse int4 kernels of gemv_avx512.cpp,
+// the GEMM of gemm_avx512.cpp and the row decoders of decode_avx512.cpp to the AVX2 set (every
+// other kernel stays AVX2 there); it implies AVX2.
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
 bool cpu_supports_avx2();     // AVX2 + FMA + F16C + POPCNT, checked once with cpuid
@@ -210,11 +210,10 @@ constexpr bool kGroupSums = true;
 // fp32 GEMM at every T (T = 64: int8_a8 0.63 with AVX-512 VNNI, 0.81 with AVX2; sparse_int8_a8
 // 0.36 / 0.73; T = 128: 0.69, 0.43, 2:4 0.99), so they never leave it: W8A8 prefill, batches and
 // verification are all int32-exact, bitwise equal to decode. int4_g32_a8 matches the GEMM at
-// T = 32 (1.09) and loses above (1.19 at 64) with AVX2's maddubs; its AVX-512 VNNI kernel
-// stays on the GEMV at every T (TinyLlama-1.1B shapes: see avx512_max_tokens in kFmtTraits).
-// Bitmask int4 with int8 activations stays on the
-// GEMV too: decoding its panels makes the GEMM slower still (2 threads: 0.32 at T = 32, 0.44 at
-// 64, 0.70 at 128).
+// T = 32 (1.09) and loses above (1.19 at 64) with AVX2's maddubs; its AVX-512 VNNI kernel stays
+// on the GEMV at every T (TinyLlama-1.1B, 512-token prefill: 130 tok/s against 97 through the
+// GEMM). Bitmask int4 with int8 activations stays on the GEMV too: decoding its panels makes the
+// GEMM slower still (2 threads: 0.32 at T = 32, 0.44 at 64, 0.70 at 128).
 constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32, kGemvAlways = INT64_MAX;
 
 // A format's GEMVs for one type of activations: per ISA (avx512 {}: the AVX2 kernel runs on
