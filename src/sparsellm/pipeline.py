@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .engine import Engine
+from .engine.engine import DEFAULT_PROMPT_CHUNK
 from .generation import BatchGenerator, GenerationConfig, GenerationRequest, TokenEvent
 from .generation.drafters import draft_engine
 from .generation.speculative import speculator_for
@@ -98,7 +99,7 @@ class TextGeneration(Pipeline):
         self,
         model_path: str | Path | Checkpoint = DEFAULT_MODEL,
         sequence_length: int | None = None,
-        prompt_processing_sequence_length: int = 64,
+        prompt_processing_sequence_length: int = DEFAULT_PROMPT_CHUNK,
         batch_size: int = 4,
         num_cores: int | None = None,
         weights: str | None = None,

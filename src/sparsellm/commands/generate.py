@@ -15,7 +15,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens per sequence, prompt + generated (default: an exported "
                    "deployment's, else 1024)")
     p.add_argument("--prompt-processing-sequence-length", type=int, default=None,
-                   help="prompt tokens processed per step (default 64)")
+                   help="prompt tokens processed per step (default 256)")
     p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
     p.add_argument("--weights", default=None, metavar="FORMAT",
                    help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8) "
