@@ -28,7 +28,7 @@ from pathlib import Path
 from random_checkpoint import SHAPES, write_hf_folder
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 t0 = time.perf_counter()
 from sparsellm.engine import Engine
 path, weights, cache, tokens = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -46,7 +46,9 @@ print(json.dumps({
     "import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - t2,
     "decode_tok_s": tokens / (t4 - t3),
     "resident_gb": int(open("/proc/self/statm").read().split()[1]) * 4096 / 1e9,
-    "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+    # VmHWM, not getrusage's maxrss: that one starts from the parent's RSS at exec
+    "peak_gb": int(next(line for line in open("/proc/self/status")
+                        if line.startswith("VmHWM:")).split()[1]) / 1e6,
     "weights_gb": engine.weight_bytes_per_step / 1e9, "formats": engine.weights_description,
 }))
 """

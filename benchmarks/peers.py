@@ -15,8 +15,9 @@ figure comes from a fresh process; rounds alternate systems (ours, peer, ours, p
 table holds medians, so machine noise hits both sides alike.
 
 Weights: random_checkpoint.py writes the HF folder (bf16) and its 50%-pruned twin once under
---scratch, then a GGUF of the same bf16 values; llama.cpp's own quantizer makes Q8_0 and Q4_0 from
-it. OpenVINO models are exported from the same folder by optimum-intel.
+--scratch (a folder already there is used as it is), then GGUF files of the same values: BF16,
+and Q8_0 / Q4_0 by the gguf package's twin of llama.cpp's reference quantizer. OpenVINO models
+are exported from the same folder by optimum-intel.
 
 Setup, once, outside CI (peers are never sparsellm dependencies):
     pip install llama-cpp-python gguf                  # compiles llama.cpp, ~15 min on 2 cores
@@ -26,7 +27,6 @@ Setup, once, outside CI (peers are never sparsellm dependencies):
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 import subprocess
@@ -45,17 +45,20 @@ PAIRS = {
     "int4_g32_a8": ("dense", "Q4_0", "int4"),
     "sparse_int8_a8": ("sparse50", "Q8_0", None),
 }
-LLAMA_FTYPES = {"Q8_0": 7, "Q4_0": 2}
 
 # Each child prints one JSON line: decode_tok_s, prefill_tok_s, ttft_s, peak_gb.
 COMMON = f"PROMPT, TTFT_PROMPT, DECODE, DECODE_PROMPT = {PROMPT}, {TTFT_PROMPT}, {DECODE}, " \
     f"{DECODE_PROMPT}" + r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 kind, path, weights, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 rng = np.random.default_rng(0)
 def prompt(n):
     return [int(t) for t in rng.integers(100, 40000, n)]
+def peak_gb():  # this process's high-water RSS (getrusage's maxrss keeps the parent's at exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1e6
 def report(runner):
     runner.first(prompt(4))                           # warm up: pages mapped, threads started
     t = time.perf_counter(); runner.first(prompt(TTFT_PROMPT)); ttft = time.perf_counter() - t
@@ -71,8 +74,7 @@ def report(runner):
             token = runner.next(token)
         decode.append(time.perf_counter() - t)
     print(json.dumps({"decode_tok_s": DECODE / min(decode), "prefill_tok_s": PROMPT / min(prefill),
-                      "ttft_s": ttft,
-                      "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}))
+                      "ttft_s": ttft, "peak_gb": peak_gb()}))
 """
 
 CHILDREN = {
@@ -120,7 +122,7 @@ ttft = generate(prompt(TTFT_PROMPT), 1)[0]
 prefill = min(generate(prompt(PROMPT), 1)[0] for _ in range(2))
 tpot = min(generate(prompt(DECODE_PROMPT), DECODE + 1)[1] for _ in range(2))
 print(json.dumps({"decode_tok_s": 1 / tpot, "prefill_tok_s": PROMPT / prefill, "ttft_s": ttft,
-                  "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}))
+                  "peak_gb": peak_gb()}))
 """,
 }
 
@@ -158,21 +160,12 @@ def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_py
 
 
 def llama_gguf(folder: Path, llama_type: str) -> Path:
-    bf16 = folder.with_name(folder.name + "-BF16.gguf")
-    if not bf16.exists():
-        print(f"writing {bf16}", file=sys.stderr)
-        write_gguf(folder, bf16)
-    if llama_type == "BF16":
-        return bf16
     out = folder.with_name(f"{folder.name}-{llama_type}.gguf")
     if not out.exists():
-        import llama_cpp
-
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread = LLAMA_FTYPES[llama_type], 2
-        if llama_cpp.llama_model_quantize(str(bf16).encode(), str(out).encode(),
-                                          ctypes.byref(params)):
-            raise SystemExit(f"llama.cpp could not quantize {bf16} to {llama_type}")
+        print(f"writing {out}", file=sys.stderr)
+        tmp = out.with_suffix(".tmp")
+        write_gguf(folder, tmp, llama_type)
+        tmp.rename(out)
     return out
 
 

@@ -127,9 +127,10 @@ def write_hf_folder(shape_name: str, out: Path, sparsity: float = 0.0) -> Path:
     return out
 
 
-def write_gguf(folder: Path, path: Path) -> Path:
-    """A llama.cpp GGUF (BF16 matrices, F32 norms) with the folder's exact values and
-    tokenizer, for the peers."""
+def write_gguf(folder: Path, path: Path, ggml_type: str = "BF16") -> Path:
+    """A llama.cpp GGUF with the folder's values and tokenizer, for the peers: F32 norms and
+    matrices of `ggml_type` (BF16: the exact values; Q8_0, Q4_0: quantized by the gguf
+    package's twin of llama.cpp's reference quantizer, one tensor at a time)."""
     import gguf
 
     from sparsellm.models import load_checkpoint
@@ -146,7 +147,8 @@ def write_gguf(folder: Path, path: Path) -> Path:
     w.add_layer_norm_rms_eps(a.norm_eps)
     w.add_rope_freq_base(a.rope_theta)
     w.add_vocab_size(a.vocab_size)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    qtype = gguf.GGMLQuantizationType[ggml_type]
+    w.add_file_type(gguf.LlamaFileType[f"MOSTLY_{ggml_type}"])
     tok = ck.tokenizer
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -171,20 +173,24 @@ def write_gguf(folder: Path, path: Path) -> Path:
         i, rest = name[len("model.layers."):].split(".", 1)
         return f"blk.{i}.{layer[rest.rsplit('.', 1)[0]]}.weight"
 
+    def data(name: str) -> np.ndarray:
+        t = np.asarray(ck.stored[name], np.float32)
+        return t if t.ndim == 1 else gguf.quants.quantize(t, qtype)
+
     stored = list(ck.stored)
     for name in stored:  # streamed: header first, then one tensor at a time
         t = ck.stored[name]
         if t.ndim == 1:
             w.add_tensor_info(gguf_name(name), t.shape, np.dtype(np.float32), t.size * 4)
         else:
-            w.add_tensor_info(gguf_name(name), t.shape, np.dtype(np.uint16), t.nbytes,
-                              raw_dtype=gguf.GGMLQuantizationType.BF16)
+            shape = gguf.quants.quant_shape_to_byte_shape(t.shape, qtype)
+            w.add_tensor_info(gguf_name(name), shape, np.dtype(np.uint8),
+                              int(np.prod(shape)), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name in stored:
-        t = ck.stored[name]
-        w.write_tensor_data(np.asarray(t, np.float32) if t.ndim == 1 else t.view(np.uint16))
+        w.write_tensor_data(data(name))
     w.close()
     return path
 
