@@ -198,8 +198,8 @@ def main() -> None:
     results: dict[tuple[str, str], list[dict]] = {key: [] for key in runs}
     for r in range(args.rounds):
         for key, (path, weights) in runs.items():
-            python = args.openvino_python if key[0].startswith("openvino") else sys.executable
-            kind = "openvino" if key[0].startswith("openvino") else key[0]
+            kind = "openvino" if key[0].startswith("openvino") else key[0]  # -f32: a setting
+            python = args.openvino_python if kind == "openvino" else sys.executable
             results[key].append(measure(python, kind, path, weights, args.threads))
             print(f"round {r + 1}: {key[0]} {weights}: {results[key][-1]}", file=sys.stderr)
     print_table(args, runs, results)

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "common.h"
 #include "simd_avx512.h"
@@ -43,6 +44,31 @@ inline __m256i reduce8(const __m512i* acc) {
   const __m256i s0123 = _mm256_hadd_epi32(s01, s23), s4567 = _mm256_hadd_epi32(s45, s67);
   return _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
                           _mm256_permute2x128_si256(s0123, s4567, 0x31));
+}
+
+// Calls f(std::integral_constant<int, G>{}) for the weight's int4 group size: the int4 kernels
+// take it as a compile-time constant (read at run time, it cost the sparse W4A8 loop a reload
+// and two compares per word, 5% at T == 1, and the dense ones a division per step).
+template <class F>
+inline void with_group(int group, F&& f) {
+  if (group == 32) return f(std::integral_constant<int, 32>{});
+  if (group == 64) return f(std::integral_constant<int, 64>{});
+  f(std::integral_constant<int, 128>{});
+}
+
+// The end of a group of the W4A8 kernels' int32 dots at columns [k, k + 64) (of two groups when
+// G == 32: lanes 0-7 and 8-15 hold different ones): acc[t] += float(dot[t]) * the groups'
+// scales, and dot[t] starts again.
+template <int G, int NT>
+inline void scale_group_dots(const float* sc, int64_t k, __m512i* dot, __m512* acc) {
+  const __m512 s = G > 32 ? _mm512_set1_ps(sc[k / G])
+                          : _mm512_castpd_ps(_mm512_insertf64x4(
+                                _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
+                                _mm256_castps_pd(_mm256_set1_ps(sc[k / 32 + 1])), 1));
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), s, acc[t]);
+    dot[t] = _mm512_setzero_si512();
+  }
 }
 
 // Row by row, for the bitmask kernel: load64(r) yields the offset weights of row r's next 64
@@ -143,9 +169,8 @@ static void sp_i8a8_blocks(const Weight& w, const Acts& a, float* y, int64_t ldy
                            int64_t r1) {
   const int64_t kp = w.kp, group = kRowBlock * kRowBlock16;  // rows expanded at a time
   thread_local AlignedVector<int8_t> buf;
-  thread_local AlignedVector<float> scales;
   if (int64_t(buf.size()) < group * kp) buf.resize(size_t(group * kp));
-  scales.resize(size_t(group));
+  alignas(64) float scales[kRowBlock * kRowBlock16];
   const int8_t* V = static_cast<const int8_t*>(w.data);
   for (int64_t ra = r0; ra < r1; ra += group) {
     const int64_t rz = std::min(r1, ra + group), nb = row_blocks16(rz - ra);
@@ -157,7 +182,7 @@ static void sp_i8a8_blocks(const Weight& w, const Acts& a, float* y, int64_t ldy
       const int8_t* v[kRowBlock16];
       for (int64_t i = 0; i < kRowBlock16; ++i) {
         v[i] = rb + i < rz ? V + w.row_off[rb + i] : nullptr;
-        scales[size_t(b * kRowBlock16 + i)] = rb + i < rz ? w.scale[rb + i] : 0.f;
+        scales[b * kRowBlock16 + i] = rb + i < rz ? w.scale[rb + i] : 0.f;
       }
       for (int64_t k = 0; k < kp; k += 64) {
         __m512 r[16];
@@ -179,7 +204,7 @@ static void sp_i8a8_blocks(const Weight& w, const Acts& a, float* y, int64_t ldy
     for (int64_t t0 = 0; t0 < a.T; t0 += kMaxNT)
       for (int64_t b = 0; b < nb; ++b) {
         const int8_t* blk = buf.data() + b * kRowBlock16 * kp;
-        const float* sc = scales.data() + b * kRowBlock16;
+        const float* sc = scales + b * kRowBlock16;
         const int64_t r = ra + b * kRowBlock16;
         if (a.T - t0 >= kMaxNT)
           r16_block_tokens<kMaxNT>(blk, sc, kp, a, y, ldy, r, rz, t0);
@@ -334,17 +359,13 @@ void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
   for_rows_and_tiles<kMaxNTI4>(r0, r1, a.T, row);
 }
 
-// The group size and zero points as compile-time constants (see gemv_sp_i4a8).
-template <bool Asym>
-void i4_groups(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  if (w.group == 32) return i4_rows<Asym, 32>(w, a, y, ldy, r0, r1);
-  if (w.group == 64) return i4_rows<Asym, 64>(w, a, y, ldy, r0, r1);
-  i4_rows<Asym, 128>(w, a, y, ldy, r0, r1);
-}
 }  // namespace
 
 void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  w.asym ? i4_groups<true>(w, a, y, ldy, r0, r1) : i4_groups<false>(w, a, y, ldy, r0, r1);
+  with_group(w.group, [&](auto g) {  // group size and zero points as compile-time constants
+    constexpr int G = decltype(g)::value;
+    w.asym ? i4_rows<true, G>(w, a, y, ldy, r0, r1) : i4_rows<false, G>(w, a, y, ldy, r0, r1);
+  });
 }
 
 
@@ -382,16 +403,7 @@ void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
                                                                               //  lo 1 | hi 1]
       for (int t = 0; t < NT; ++t)
         dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * kp + k));
-      if (G == 32 || (k + 64) % G == 0) {  // a group (or two) ends
-        const __m512 s = G > 32 ? _mm512_set1_ps(sc[k / G])
-                                : _mm512_castpd_ps(_mm512_insertf64x4(
-                                      _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
-                                      _mm256_castps_pd(_mm256_set1_ps(sc[k / 32 + 1])), 1));
-        for (int t = 0; t < NT; ++t) {
-          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), s, acc[t]);
-          dot[t] = _mm512_setzero_si512();
-        }
-      }
+      if (G == 32 || (k + 64) % G == 0) scale_group_dots<G, NT>(sc, k, dot, acc);
     }
     const uint8_t* zp = Asym ? w.zero + r * ng : nullptr;
     for (int t = 0; t < NT; ++t) {
@@ -412,17 +424,13 @@ void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
   for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, row);
 }
 
-template <bool Asym>
-void i4a8_groups(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
-                 int64_t r1) {
-  if (w.group == 32) return i4a8_rows<Asym, 32>(w, a, y, ldy, r0, r1);
-  if (w.group == 64) return i4a8_rows<Asym, 64>(w, a, y, ldy, r0, r1);
-  i4a8_rows<Asym, 128>(w, a, y, ldy, r0, r1);
-}
 }  // namespace
 
 void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  w.asym ? i4a8_groups<true>(w, a, y, ldy, r0, r1) : i4a8_groups<false>(w, a, y, ldy, r0, r1);
+  with_group(w.group, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    w.asym ? i4a8_rows<true, G>(w, a, y, ldy, r0, r1) : i4a8_rows<false, G>(w, a, y, ldy, r0, r1);
+  });
 }
 
 
@@ -459,16 +467,7 @@ void sp_i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
       vals += sp_i4_word_bytes(__builtin_popcountll(bits));
       for (int t = 0; t < NT; ++t)
         dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * kp + k));
-      if (G == 32 || (k + 64) % G == 0 || k + 64 == kw) {  // a group (or two) ends
-        const __m512 s = G > 32 ? _mm512_set1_ps(sc[k / G])
-                                : _mm512_castpd_ps(_mm512_insertf64x4(
-                                      _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
-                                      _mm256_castps_pd(_mm256_set1_ps(sc[k / 32 + 1])), 1));
-        for (int t = 0; t < NT; ++t) {
-          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), s, acc[t]);
-          dot[t] = _mm512_setzero_si512();
-        }
-      }
+      if (G == 32 || (k + 64) % G == 0 || k + 64 == kw) scale_group_dots<G, NT>(sc, k, dot, acc);
     }
     for (int t = 0; t < NT; ++t) {
       const float* gs = a.gsum + (t0 + t) * ng;
@@ -483,11 +482,7 @@ void sp_i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
 
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
-  // The group size as a compile-time constant: read at run time, it cost the loop a reload and
-  // two compares per word (5% at T == 1).
-  if (w.group == 32) return sp_i4a8_rows<32>(w, a, y, ldy, r0, r1);
-  if (w.group == 64) return sp_i4a8_rows<64>(w, a, y, ldy, r0, r1);
-  sp_i4a8_rows<128>(w, a, y, ldy, r0, r1);
+  with_group(w.group, [&](auto g) { sp_i4a8_rows<decltype(g)::value>(w, a, y, ldy, r0, r1); });
 }
 
 }  // namespace sl::avx512

@@ -63,6 +63,7 @@ inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ld
                             int64_t r1, Load8 load8, RowScale row_scale) {
   static_assert(A == 2 || A == 4, "2 or 4 accumulators per token");
   const int64_t kp = w.kp;
+  const bool prefetch_one = A == 4 || prefetch_single_stream();  // at T == 1 too (tiles.h)
   for_rows_and_tiles<A == 2 ? 5 : 3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
     const V* row = static_cast<const V*>(w.data) + r * kp;
@@ -70,7 +71,7 @@ inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ld
     __m256 s[NT][A];
     for (int t = 0; t < NT; ++t)
       for (int i = 0; i < A; ++i) s[t][i] = _mm256_setzero_ps();
-    const bool prefetch = NT > 1 || A == 4 || prefetch_single_stream();  // tiles.h
+    const bool prefetch = NT > 1 || prefetch_one;
     for (int64_t k = 0; k < kp; k += 8 * A) {
       if (prefetch)
         for (int64_t b = 0; b < 8 * A * int64_t(sizeof(V)); b += 64)
