@@ -139,8 +139,9 @@ def measure(python: str, kind: str, path: Path, weights: str, threads: int) -> d
 def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_python: str) -> dict:
     """Write what the runs need, once -> {(system, pair): (path, weights)}."""
     folders = {}
+    needed = {PAIRS[p][0] for p in pairs} | ({"dense"} if peers else set())  # peers: dense
     for variant, sparsity in (("dense", 0.0), ("sparse50", 0.5)):
-        if any(PAIRS[p][0] == variant for p in pairs):
+        if variant in needed:
             folder = scratch / f"{shape}-{variant}"
             if not (folder / "config.json").exists():
                 print(f"writing {folder}", file=sys.stderr)
