@@ -138,6 +138,15 @@ struct Acts {
                                   // sums of x (xq for W4A8)
 };
 
+// Activations of the AVX-512 int8 GEMM (prefill): x as unsigned bytes (int8 + 128), (T, kp), and
+// their scales, per token (W8A8, W4A8: Acts' xq / xscale) or per group of columns,
+// (T, kp / group) (weight-only formats: quantized for the GEMM alone, int8_gemm_act_group).
+struct GemmActs {
+  int64_t T = 0;
+  const uint8_t* xu = nullptr;
+  const float* xs = nullptr;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Kernel entry points. gemv_*: y[t * ldy + r] = dot(W[r], x[t]) for rows r in [r0, r1) and all
 // T tokens. Each token's result is bitwise the same whatever T and whichever other tokens share
@@ -184,6 +193,14 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+// The int8 GEMM of prefill (gemm_int8_avx512.cpp) for int8 activations and weight-only int4
+// (int8_gemm_runs): y[t * ldy + r] for rows [r0, r1), r0 a multiple of 32.
+bool int8_gemm_runs(const Weight& w);
+void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+// Weight-only int4's activations for it: quantized per weight group (quantize_groups); 0:
+// W8A8 / W4A8, the GEMV's per-token int8.
+int64_t int8_gemm_act_group(const Weight& w);
+void quantize_groups(const float* x, int64_t kp, int64_t group, uint8_t* xu, float* xs);
 }  // namespace avx512
 
 // ---------------------------------------------------------------------------------------------
@@ -202,23 +219,25 @@ struct Gemv {
 };
 constexpr bool kGroupSums = true;
 
-// Largest T a format's GEMV serves (above: the decoded-panel GEMM, linear.h). Crossovers measured
-// with `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64,128` on SmolLM2-135M
-// shapes, 2 threads (noisy shared machine, ratios GEMV time / GEMM time): fp32 activations: GEMV
-// wins up to T = 8 (fp32 0.5-0.7, int8 0.8-0.9), the GEMM above (1.2-2x at T = 16). Int8
-// activations with per-channel int8 weights (dense, bitmask, 2:4): the integer GEMV beats the
-// fp32 GEMM at every T (T = 64: int8_a8 0.63 with AVX-512 VNNI, 0.81 with AVX2; sparse_int8_a8
-// 0.36 / 0.73; T = 128: 0.69, 0.43, 2:4 0.99), so they never leave it: W8A8 prefill, batches and
-// verification are all int32-exact, bitwise equal to decode. int4_g32_a8 matches the GEMM at
-// T = 32 (1.09) and loses above (1.19 at 64) with AVX2's maddubs; its AVX-512 VNNI kernel stays
-// on the GEMV at every T (TinyLlama-1.1B, 512-token prefill: 130 tok/s against 97 through the
-// GEMM). Bitmask int4 with int8 activations stays on the GEMV too: decoding its panels makes the
-// GEMM slower still (2 threads: 0.32 at T = 32, 0.44 at 64, 0.70 at 128).
+// Largest T a format's GEMV serves (above: a GEMM, linear.h). Crossovers measured with
+// `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64,128` on SmolLM2-135M shapes,
+// 2 threads (ratios GEMV time / GEMM time). Against the fp32 GEMM over decoded panels: fp32
+// activations: GEMV wins up to T = 8 (fp32 0.5-0.7, int8 0.8-0.9), the GEMM above (1.2-2x at
+// T = 16). Int8 activations with per-channel int8 weights: the integer GEMV wins at every T
+// (T = 64: int8_a8 0.81 with AVX2; 2:4 0.99 at 128), so without AVX-512 they never leave it.
+// int4_g32_a8 matches the fp32 GEMM at T = 32 (1.09) and loses above (1.19 at 64).
+// With AVX-512, int8 activations (and weight-only int4 prompts) go to the int8 GEMM
+// (gemm_int8_avx512.cpp) above avx512_max_tokens, in the same 2-thread run: int8_a8 0.95 at
+// T = 32, 1.04 at 48 (the same bits either way); sparse_int8_a8 1.00 at 24, 1.10 at 32; int4_g32_a8
+// 0.95 at 8, 1.55 at 16; sparse int4 W4A8 1.40 and 2:4 W8A8 1.21 already at 8, where the
+// batch-of-8 decode stays on the GEMV (bitwise equal to T == 1).
 constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32, kGemvAlways = INT64_MAX;
+constexpr int64_t kGemvMaxTokensW8A8Vnni = 40, kGemvMaxTokensSparseW8A8Vnni = 24,
+                  kGemvMaxTokensVnni = 8;
 
 // A format's GEMVs for one type of activations: per ISA (avx512 {}: the AVX2 kernel runs on
-// AVX-512 machines too), and the largest T they serve (avx512_max_tokens, if set, when the
-// AVX-512 kernel runs). scalar.fn == nullptr: the format does not run with these activations.
+// AVX-512 machines too), and the largest T they serve (avx512_max_tokens, if set, on AVX-512
+// machines). scalar.fn == nullptr: the format does not run with these activations.
 struct GemvSet {
   Gemv scalar, avx2, avx512;
   int64_t max_tokens = 0;
@@ -264,27 +283,29 @@ inline constexpr FmtTraits kFmtTraits[] = {
    {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums}, {avx512::gemv_i4},
     kGemvMaxTokensF32},
    {{scalar::gemv_i4a8, kGroupSums}, {avx2::gemv_i4a8, kGroupSums}, {avx512::gemv_i4a8, kGroupSums},
-    kGemvMaxTokensI4A8, kGemvAlways},
+    kGemvMaxTokensI4A8, kGemvMaxTokensVnni},
    scalar::decode_rows_i4},
   {Fmt::SP_F32, "SP_F32", 32, true, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_f32}, {avx2::gemv_sp_f32}, {}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_sp_f32, avx512::decode_rows_sp_f32},
   {Fmt::SP_I8, "SP_I8", 8, false, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_i8}, {avx2::gemv_sp_i8}, {}, kGemvMaxTokensF32},
-   {{scalar::gemv_sp_i8a8}, {avx2::gemv_sp_i8a8}, {avx512::gemv_sp_i8a8}, kGemvAlways},
+   {{scalar::gemv_sp_i8a8}, {avx2::gemv_sp_i8a8}, {avx512::gemv_sp_i8a8}, kGemvAlways,
+    kGemvMaxTokensSparseW8A8Vnni},
    scalar::decode_rows_sp_i8, avx512::decode_rows_sp_i8},
   {Fmt::SP_I4, "SP_I4", 4, false, Sparsity::Bitmask, true, false,
    {{scalar::gemv_sp_i4}, {avx2::gemv_sp_i4}, {avx512::gemv_sp_i4}, kGemvMaxTokensF32},
    {{scalar::gemv_sp_i4a8}, {avx2::gemv_sp_i4a8}, {avx512::gemv_sp_i4a8, kGroupSums},
-    kGemvAlways},
+    kGemvAlways, kGemvMaxTokensVnni},
    scalar::decode_rows_sp_i4},
   {Fmt::S24_I8, "S24_I8", 8, false, Sparsity::TwoFour, false, false,
    {{scalar::gemv_s24_i8}, {avx2::gemv_s24_i8}, {}, kGemvMaxTokensF32},
-   {{scalar::gemv_s24_i8a8}, {avx2::gemv_s24_i8a8}, {}, kGemvAlways},
+   {{scalar::gemv_s24_i8a8}, {avx2::gemv_s24_i8a8}, {}, kGemvAlways, kGemvMaxTokensVnni},
    scalar::decode_rows_s24_i8},
   {Fmt::I8_R16, "I8_R16", 8, false, Sparsity::Dense, false, false,
    {},
-   {{scalar::gemv_i8a8}, {avx2::gemv_i8a8}, {avx512::gemv_i8a8}, kGemvAlways},
+   {{scalar::gemv_i8a8}, {avx2::gemv_i8a8}, {avx512::gemv_i8a8}, kGemvAlways,
+    kGemvMaxTokensW8A8Vnni},
    scalar::decode_rows_i8_r16},
 };
 // clang-format on

@@ -46,16 +46,6 @@ inline __m256i reduce8(const __m512i* acc) {
                           _mm256_permute2x128_si256(s0123, s4567, 0x31));
 }
 
-// Calls f(std::integral_constant<int, G>{}) for the weight's int4 group size: the int4 kernels
-// take it as a compile-time constant (read at run time, it cost the sparse W4A8 loop a reload
-// and two compares per word, 5% at T == 1, and the dense ones a division per step).
-template <class F>
-inline void with_group(int group, F&& f) {
-  if (group == 32) return f(std::integral_constant<int, 32>{});
-  if (group == 64) return f(std::integral_constant<int, 64>{});
-  f(std::integral_constant<int, 128>{});
-}
-
 // The end of a group of the W4A8 kernels' int32 dots at columns [k, k + 64) (of two groups when
 // G == 32: lanes 0-7 and 8-15 hold different ones): acc[t] += float(dot[t]) * the groups'
 // scales, and dot[t] starts again.
@@ -155,69 +145,9 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
   });
 }
 
-// Bitmask W8A8 for many tokens (prefill chunks; decode batches and verification stay on the row
-// kernel below): 128 rows at a time are expanded into I8_R16 blocks (per 16 rows and 64
-// columns: 16 vpexpandb and a 16 x 16 dword transpose) and multiplied by the dense block
-// kernel in its order (a tile of tokens over 8 blocks), whose broadcast activations reach
-// vpdpbusd's peak where the row kernel spends a third of a row on per-token reductions. The
-// same int32 dots and float operations, so the same bits as the row kernel. TinyLlama-1.1B
-// shape, 50% sparse, 512-token prefill: 238-241 -> 276 tok/s in 64-token chunks (dense int8_a8
-// 303), 236-241 -> 318 in 256-token chunks (dense 320).
-constexpr int64_t kSparseBlockTokens = 64;
-
-static void sp_i8a8_blocks(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
-                           int64_t r1) {
-  const int64_t kp = w.kp, group = kRowBlock * kRowBlock16;  // rows expanded at a time
-  thread_local AlignedVector<int8_t> buf;
-  if (int64_t(buf.size()) < group * kp) buf.resize(size_t(group * kp));
-  alignas(64) float scales[kRowBlock * kRowBlock16];
-  const int8_t* V = static_cast<const int8_t*>(w.data);
-  for (int64_t ra = r0; ra < r1; ra += group) {
-    const int64_t rz = std::min(r1, ra + group), nb = row_blocks16(rz - ra);
-    for (int64_t b = 0; b < nb; ++b) {
-      // 16 rows' next 64 columns expanded (rows past rz: zeros), then transposed as 16 x 16
-      // dwords: vector j holds columns 4j..4j+3 of the 16 rows, the block's layout.
-      const int64_t rb = ra + b * kRowBlock16;
-      int8_t* blk = buf.data() + b * kRowBlock16 * kp;
-      const int8_t* v[kRowBlock16];
-      for (int64_t i = 0; i < kRowBlock16; ++i) {
-        v[i] = rb + i < rz ? V + w.row_off[rb + i] : nullptr;
-        scales[b * kRowBlock16 + i] = rb + i < rz ? w.scale[rb + i] : 0.f;
-      }
-      for (int64_t k = 0; k < kp; k += 64) {
-        __m512 r[16];
-        for (int64_t i = 0; i < kRowBlock16; ++i) {
-          if (!v[i]) {
-            r[i] = _mm512_setzero_ps();
-            continue;
-          }
-          uint64_t bits;
-          std::memcpy(&bits, w.mask + (rb + i) * (kp / 8) + k / 8, 8);
-          r[i] = _mm512_castsi512_ps(_mm512_maskz_expand_epi8(bits, _mm512_loadu_si512(v[i])));
-          v[i] += __builtin_popcountll(bits);
-        }
-        transpose16(r);
-        for (int j = 0; j < 16; ++j) _mm512_store_ps(blk + 16 * (k + 4 * j), r[j]);
-      }
-    }
-    // The dense kernel's order: each tile of tokens over the group's blocks, hot in L2.
-    for (int64_t t0 = 0; t0 < a.T; t0 += kMaxNT)
-      for (int64_t b = 0; b < nb; ++b) {
-        const int8_t* blk = buf.data() + b * kRowBlock16 * kp;
-        const float* sc = scales + b * kRowBlock16;
-        const int64_t r = ra + b * kRowBlock16;
-        if (a.T - t0 >= kMaxNT)
-          r16_block_tokens<kMaxNT>(blk, sc, kp, a, y, ldy, r, rz, t0);
-        else
-          for (int64_t t = t0; t < a.T; ++t) r16_block_tokens<1>(blk, sc, kp, a, y, ldy, r, rz, t);
-      }
-  }
-}
-
 // Reads up to 63 bytes past a row's last value: the packed values end with 64 bytes of padding
 // (formats._VALUE_PAD).
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  if (a.T >= kSparseBlockTokens) return sp_i8a8_blocks(w, a, y, ldy, r0, r1);
   const int8_t* V = static_cast<const int8_t*>(w.data);
   vnni_rows(w, a, y, ldy, r0, r1, [&](int64_t r) {
     return [v = V + w.row_off[r], m = w.mask + r * (w.kp / 8)](__m512i offset) mutable {

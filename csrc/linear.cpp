@@ -22,7 +22,7 @@ static int64_t g_gemv_max_tokens = 0;  // 0: the per-format defaults (kFmtTraits
 int64_t gemv_max_tokens(const Weight& w) {
   if (g_gemv_max_tokens > 0) return g_gemv_max_tokens;
   const GemvSet& k = fmt_traits(w.fmt).gemvs(w.act_int8);
-  return use_avx512() && k.avx512.fn && k.avx512_max_tokens ? k.avx512_max_tokens : k.max_tokens;
+  return use_avx512() && k.avx512_max_tokens ? k.avx512_max_tokens : k.max_tokens;
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
@@ -36,6 +36,8 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(xsum, size_t(T));
   grow(gsum, size_t(kMaxMulti * T * kp / 32));
   grow(panel, size_t(num_threads() * kPanelRows * kp));
+  grow(xu, size_t(T * kp));
+  grow(xgscale, size_t(T * kp / 32));
 }
 
 // Below this many weight x token products a parallel region costs more than it saves (fork/join
@@ -102,6 +104,39 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
   });
 }
 
+// The int8 GEMM's linear on AVX-512: activations as bytes (W8A8 / W4A8: the GEMV's per-token
+// int8; weight-only int4: quantized per weight group), in parallel over tokens, then the GEMM
+// in parallel over 32-row units.
+static void int8_gemm_linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y,
+                             int64_t ldy, LinearScratch& s) {
+  const int64_t kp = w.kp, K = w.cols, group = avx512::int8_gemm_act_group(w);
+  s.reserve(T, kp);
+  parallel_for(T, T * kp >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      float* xp = s.xpad.data() + t * kp;
+      uint8_t* xu = s.xu.data() + t * kp;
+      std::memcpy(xp, x + t * ldx, size_t(K) * sizeof(float));
+      std::fill(xp + K, xp + kp, 0.f);
+      if (group) {
+        avx512::quantize_groups(xp, kp, group, xu, s.xgscale.data() + t * (kp / group));
+        continue;
+      }
+      int8_t* xq = s.xq.data() + t * kp;
+      quantize_int8_row(xp, kp, xq, &s.xscale[t]);
+      for (int64_t k = 0; k < kp; ++k) xu[k] = uint8_t(xq[k] ^ 0x80);
+    }
+  });
+  GemmActs a;
+  a.T = T;
+  a.xu = s.xu.data();
+  a.xs = group ? s.xgscale.data() : s.xscale.data();
+  constexpr int64_t kUnit = 2 * kRowBlock16;
+  parallel_for((w.rows + kUnit - 1) / kUnit, w.rows * kp * T >= 16 * kMinParallelWork,
+               [&](int64_t lo, int64_t hi) {
+                 avx512::int8_gemm(w, a, y, ldy, lo * kUnit, std::min(w.rows, hi * kUnit));
+               });
+}
+
 // The GEMV path for n weights with the same padded width: activations prepared once, then one
 // parallel region in which the threads split the concatenated rows of all weights into
 // contiguous ranges, in blocks of 16 rows (Fmt::I8_R16's unit; a kernel call starts on one).
@@ -164,6 +199,8 @@ void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, i
     gemv_multi(ws, ys, &ldy, 1, x, T, ldx, s);
     return;
   }
+  if (use_avx512() && avx512::int8_gemm_runs(w) && (w.act_int8 || s.prompt))
+    return int8_gemm_linear(w, x, T, ldx, y, ldy, s);
   prepare(x, T, ldx, w.cols, w.kp, w.act_int8, s);
   panel_linear(w, T, y, ldy, s);
 }

@@ -18,6 +18,13 @@ struct LinearScratch {
   AlignedVector<int32_t> xsum;  // (T,) per-token sums of xq (the AVX-512 W8A8 kernels' offset)
   AlignedVector<float> gsum;    // (kMaxMulti, T, kp/32) per-weight, per-token int4 group sums
   AlignedVector<float> panel;   // (threads, kPanelRows, kp) decoded weight rows
+  AlignedVector<uint8_t> xu;    // (T, kp) int8 GEMM activations + 128 (GemmActs)
+  AlignedVector<float> xgscale; // (T, kp/32) their scales per group (weight-only formats)
+  // A prompt chunk: above the GEMV's limit, weight-only int4 may quantize activations for the
+  // int8 GEMM. Off (batched decode, speculative verification), it takes the fp32 GEMM,
+  // whose results differ from the GEMV's by rounding only, so verified tokens are the ones
+  // decode would pick.
+  bool prompt = false;
   void reserve(int64_t T, int64_t kp);
 };
 
@@ -26,8 +33,9 @@ constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one 
 
 // Up to gemv_max_tokens(w) tokens, linear() streams each packed weight once and computes every
 // token's row like T == 1 does (bitwise equal results per token, int32-exact for W8A8); above
-// it, weight panels are decoded to fp32 once and multiplied by a GEMM (faster per token for
-// prefill, but rounding differs). The limit is the format's, per activation type (kFmtTraits);
+// it a GEMM runs (faster per token for prefill, but rounding differs): on AVX-512 the integer
+// formats' int8 GEMM (common.h GemmActs; W8A8 keeps the GEMV's bits there; weight-only int4
+// only for a prompt, LinearScratch::prompt), otherwise weight panels decoded to fp32 once. The limit is the format's, per activation type (kFmtTraits);
 // set_gemv_max_tokens(n > 0) overrides it for measurements, 0 restores the defaults.
 int64_t gemv_max_tokens(const Weight& w);
 void set_gemv_max_tokens(int64_t n);

@@ -150,8 +150,9 @@ void NativeModel::mlp_block(const LayerWeights& w, int64_t T, float* out) {
 
 void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int64_t* positions,
                           int64_t T, const KVCache& cache, const int64_t* logit_rows, int64_t R,
-                          float* out_logits) {
+                          float* out_logits, bool prompt) {
   const ModelConfig& c = cfg_;
+  lin_.prompt = prompt;
   if (T < 1 || T > c.max_tokens)
     throw std::out_of_range("forward: T=" + std::to_string(T) + " not in [1, max_tokens=" +
                             std::to_string(c.max_tokens) + "]");

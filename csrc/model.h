@@ -76,9 +76,11 @@ class NativeModel {
   NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, OuterWeights outer);
 
   // tokens, slots, positions: (T,); logit_rows: (R,) indices into the T tokens;
-  // out_logits: (R, vocab). Throws std::out_of_range on bad ids / positions / slots.
+  // out_logits: (R, vocab). prompt: the tokens are a prompt chunk (LinearScratch::prompt).
+  // Throws std::out_of_range on bad ids / positions / slots.
   void forward(const int64_t* tokens, const int64_t* slots, const int64_t* positions, int64_t T,
-               const KVCache& cache, const int64_t* logit_rows, int64_t R, float* out_logits);
+               const KVCache& cache, const int64_t* logit_rows, int64_t R, float* out_logits,
+               bool prompt = false);
 
   const ModelConfig& config() const { return cfg_; }
   int64_t window(int64_t layer) const {

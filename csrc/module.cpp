@@ -303,11 +303,20 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("rows", [](const PyWeight& p) { return p.w.rows; })
       .def_property_readonly("cols", [](const PyWeight& p) { return p.w.cols; })
       .def_property_readonly("gemv_max_tokens",
-                             [](const PyWeight& p) { return gemv_max_tokens(p.w); });
+                             [](const PyWeight& p) { return gemv_max_tokens(p.w); })
+      .def_property_readonly(
+          "int8_gemm_act_group",
+          [](const PyWeight& p) -> int64_t {
+            if (!use_avx512() || !avx512::int8_gemm_runs(p.w)) return -1;
+            return avx512::int8_gemm_act_group(p.w);
+          },
+          "Above gemv_max_tokens, on the active ISA: -1 for the fp32 GEMM, else the AVX-512 "
+          "int8 GEMM with activations quantized per this many columns (0: per token, W8A8 / "
+          "W4A8; > 0, weight-only int4: for a prompt only)");
 
   m.def(
       "linear",
-      [](py::array x, const PyWeight& p, py::array out) {
+      [](py::array x, const PyWeight& p, py::array out, bool prompt) {
         const Weight& w = p.w;
         if (x.ndim() != 2 || x.shape(1) != w.cols)
           throw std::invalid_argument("linear: x must be (T, " + std::to_string(w.cols) + ")");
@@ -317,9 +326,11 @@ PYBIND11_MODULE(_native, m) {
         float* yp = ptr_of<float>(out, "out");
         const int64_t T = x.shape(0);
         py::gil_scoped_release nogil;
+        tl_scratch.prompt = prompt;
         linear(w, xp, T, w.cols, yp, w.rows, tl_scratch);
       },
-      py::arg("x"), py::arg("weight"), py::arg("out"), "out = x @ W.T (x: (T, in) fp32)");
+      py::arg("x"), py::arg("weight"), py::arg("out"), py::arg("prompt") = false,
+      "out = x @ W.T (x: (T, in) fp32); prompt: as a prompt chunk (csrc/linear.h)");
 
   m.def(
       "bench_linear",
@@ -426,7 +437,7 @@ PYBIND11_MODULE(_native, m) {
           "forward",
           [](PyModel& pm, const std::vector<int64_t>& tokens, const std::vector<int64_t>& slots,
              const std::vector<int64_t>& positions, py::array k_cache, py::array v_cache,
-             const std::vector<int64_t>& logit_rows, py::array out) {
+             const std::vector<int64_t>& logit_rows, py::array out, bool prompt) {
             const ModelConfig& c = pm.model->config();
             const int64_t T = tokens.size(), R = logit_rows.size();
             if (int64_t(slots.size()) != T || int64_t(positions.size()) != T)
@@ -447,11 +458,11 @@ PYBIND11_MODULE(_native, m) {
             std::lock_guard<std::mutex> lock(*pm.busy);  // one forward at a time per model
             ThreadScope scope(pm.threads);
             pm.model->forward(tokens.data(), slots.data(), positions.data(), T, kv,
-                              logit_rows.data(), R, op);
+                              logit_rows.data(), R, op, prompt);
             pm.last_threads = scope.widest();
           },
           py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("k_cache"),
-          py::arg("v_cache"), py::arg("logit_rows"), py::arg("out"));
+          py::arg("v_cache"), py::arg("logit_rows"), py::arg("out"), py::arg("prompt") = false);
 
   m.def(
       "rms_norm",

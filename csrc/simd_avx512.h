@@ -2,6 +2,8 @@
 #pragma once
 #include <immintrin.h>
 
+#include <type_traits>
+
 namespace sl::avx512 {
 
 // In-register transpose of a 16 x 16 block: r[i] holds row i, afterwards column i.
@@ -26,6 +28,16 @@ inline void transpose16(__m512 r[16]) {
     r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
     r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
   }
+}
+
+// Calls f(std::integral_constant<int, G>{}) for the weight's int4 group size: the int4 kernels
+// take it as a compile-time constant (read at run time, it cost the sparse W4A8 loop a reload
+// and two compares per word, 5% at T == 1, and the dense ones a division per step).
+template <class F>
+inline void with_group(int group, F&& f) {
+  if (group == 32) return f(std::integral_constant<int, 32>{});
+  if (group == 64) return f(std::integral_constant<int, 64>{});
+  f(std::integral_constant<int, 128>{});
 }
 
 }  // namespace sl::avx512

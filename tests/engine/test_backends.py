@@ -52,7 +52,7 @@ def tiny(tiny_model_dir):
 @pytest.mark.parametrize("fmt", EXACT_FORMATS)
 def test_native_equals_numpy_reference(tiny, token_ids, fmt):
     ids = token_ids(70, seed=1)  # longer than one 64-token prefill chunk
-    native = Engine(tiny, sequence_length=128, weights=fmt)
+    native = Engine(tiny, sequence_length=128, weights=fmt, prefill_int8=False)
     numpy_ = Engine(tiny, sequence_length=128, weights=fmt, backend="numpy")
     a, la = _greedy(native, ids, 24)
     b, lb = _greedy(numpy_, ids, 24)
@@ -61,19 +61,21 @@ def test_native_equals_numpy_reference(tiny, token_ids, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["2:4_int8", "2:4_int8_a8", "sparse_int8_a8", "int8_a8",
-                                 "int4_g32_a8"])
+                                 "int4_g32_a8", "int4_g32", "int4_g128_asym",
+                                 "sparse_int4_g32"])
 def test_activation_quantized_and_2_4_formats_track_the_reference(tiny, token_ids, fmt):
     model = _pruned_2_4(tiny) if fmt.startswith("2:4") else tiny
     ids = token_ids(40, seed=2)
     tokens, lb = _greedy(Engine(model, sequence_length=96, weights=fmt, backend="numpy"), ids, 16)
     _, la = _greedy(Engine(model, sequence_length=96, weights=fmt), ids, 16, forced=tokens)
-    if not fmt.endswith("_a8"):
+    if not fmt.endswith("_a8") and "int4" not in fmt:
         np.testing.assert_allclose(la, lb, atol=2e-4 * np.abs(lb).max())
         return
-    # int8 activations (dynamic, per token) perturb the logits; the NumPy twin keeps fp32 ones.
-    # Compare what matters: the relative error is small and the predictions mostly agree.
+    # int8 activations (dynamic, per token; for weight-only int4's prompt, per weight group)
+    # perturb the logits; the NumPy twin keeps fp32 ones. Compare what matters: the relative
+    # error is small and the predictions mostly agree.
     err = np.linalg.norm(la - lb, axis=-1) / np.linalg.norm(lb, axis=-1)
-    assert err.mean() < 0.05
+    assert err.mean() < 0.05, err.mean()
     assert (la.argmax(-1) == lb.argmax(-1)).mean() > 0.9
 
 

@@ -44,8 +44,10 @@ def test_linear_matches_reference(isa, rng, fmt, shape):
     p = kernels.pack(w, fmt, mask)
     for T in TOKENS:
         x = rng.standard_normal((T, shape[1])).astype(np.float32)
-        np.testing.assert_allclose(kernels.linear(x, p), ref.linear(x, p), **tolerance(fmt),
-                                   err_msg=f"{fmt} {shape} T={T} {isa}")
+        for prompt in (False, True):
+            np.testing.assert_allclose(kernels.linear(x, p, prompt=prompt),
+                                       ref.linear_as_run(x, p, prompt), **tolerance(fmt),
+                                       err_msg=f"{fmt} {shape} T={T} {isa} prompt={prompt}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -137,7 +139,7 @@ def test_int8_weights_may_be_minus_128(isa, rng, fmt):
     x[:4, 1::5] = 127.5 / 64  # under weights of -128 too; +max|x| rounds to 128, clamped
     assert (ref.quantize_activations(x)[0][:, ::5] == -128).all()
     for T in (1, 4, 9):
-        np.testing.assert_allclose(kernels.linear(x[:T], p), ref.linear(x[:T], p),
+        np.testing.assert_allclose(kernels.linear(x[:T], p), ref.linear_as_run(x[:T], p),
                                    **tolerance(fmt))
 
 
@@ -184,6 +186,36 @@ def test_activation_quantization_twin(isa, rng, n):
     np.testing.assert_allclose(y, ref.linear(x, p), rtol=0, atol=1.01 * scale.max())
 
 
+@pytest.mark.parametrize("n", [128, 200])
+def test_int8_gemm_activation_quantization_twin(rng, n):
+    """Weight-only int4 prompts on AVX-512 quantize x per weight group
+    (`reference.quantize_activation_groups`, scale max / 127): read through an identity int4
+    weight, y[t, i] = xq[t, i] * scale[t, i / 32] * w[i, i] to a few ulp, and the codes are the
+    twin's exactly."""
+    from sparsellm.kernels._ext import native
+
+    if not native().cpu_supports_avx512():
+        pytest.skip("the int8 GEMM is AVX-512 only")  # CI machines have it
+    p = kernels.pack(np.eye(n, dtype=np.float32), "int4_g32")
+    assert p.native().int8_gemm_act_group == 32
+    x = np.concatenate([_activation_rows(rng, n),
+                        rng.standard_normal((10, n)).astype(np.float32)])
+    x[8, 40:70] = 0.0  # a zero group next to live ones
+    y = kernels.linear(x, p, prompt=True)
+    kp = -(-n // 64) * 64
+    xp = np.zeros((len(x), kp), np.float32)
+    xp[:, :n] = x
+    xq, scale = ref.quantize_activation_groups(xp, 32)
+    assert np.abs(xq).max() == 127
+    col_scale = np.repeat(scale, 32, axis=1)[:, :n]
+    live = col_scale > 0
+    codes = np.zeros_like(y)
+    codes[live] = y[live] / col_scale[live] / np.diag(ref.dequantize(p))[np.nonzero(live)[1]]
+    np.testing.assert_allclose(codes, xq[:, :n], rtol=0, atol=1e-3)
+    assert not y[~live].any()
+    np.testing.assert_allclose(y, ref.linear(x, p, act_group=32), rtol=1e-6, atol=0)
+
+
 def test_bad_inputs_raise_actionable_errors(rng):
     with pytest.raises(ValueError, match="accepted"):
         kernels.pack(np.zeros((4, 64), np.float32), "int3")
@@ -196,47 +228,57 @@ def test_bad_inputs_raise_actionable_errors(rng):
         kernels.linear(np.ones((2, 65), np.float32), p)
 
 
-# the formats that leave the GEMV above some T (fp32 activations; int4 W4A8 but with AVX-512,
-# whose VNNI kernel serves every T)
+# the formats that leave the GEMV above some T on some ISA (fp32 activations everywhere; int8
+# activations for AVX-512's int8 GEMM; int4 W4A8 for AVX2's and the scalar fp32 GEMM)
 def _gemv_limit(fmt: str) -> int:
     w, mask = random_weight(np.random.default_rng(0), (16, 64), fmt)
-    kernels.set_isa("scalar")
-    try:
-        return kernels.pack(w, fmt, mask).native().gemv_max_tokens
-    finally:
-        kernels.set_isa("auto")
+    limits = []
+    for isa in ("scalar", "auto"):
+        kernels.set_isa(isa)
+        try:
+            limits.append(kernels.pack(w, fmt, mask).native().gemv_max_tokens)
+        finally:
+            kernels.set_isa("auto")
+    return min(limits)
 
 
 GEMM_FORMATS = [f for f in FORMATS if _gemv_limit(f) < 40]
 
 
 @pytest.mark.parametrize("fmt", GEMM_FORMATS)
-def test_gemm_over_several_panels_and_k_blocks(isa, rng, fmt):
-    """The decoded-panel GEMM (T above the GEMV's limit) on rows that end inside a panel and
-    a width of several k blocks with a partial last one; each token's result is the same
-    whatever tokens share the call."""
+@pytest.mark.parametrize("prompt", [False, True])
+def test_gemm_over_several_panels_and_k_blocks(isa, rng, fmt, prompt):
+    """The GEMMs (T above the GEMV's limit: decoded panels, or the AVX-512 int8 GEMM) on rows
+    that end inside a panel / a 32-row unit and a width of several k blocks with a partial last
+    one; each token's result is the same whatever tokens share the call."""
     shape = (100, 700)
     w, mask = random_weight(rng, shape, fmt)
     p = kernels.pack(w, fmt, mask)
     x = rng.standard_normal((45, shape[1])).astype(np.float32)
-    y = kernels.linear(x, p)
-    np.testing.assert_allclose(y, ref.linear(x, p), **tolerance(fmt), err_msg=f"{fmt} {isa}")
+    y = kernels.linear(x, p, prompt=prompt)
+    np.testing.assert_allclose(y, ref.linear_as_run(x, p, prompt), **tolerance(fmt),
+                               err_msg=f"{fmt} {isa}")
     limit = min(p.native().gemv_max_tokens, 36)
-    for T in (limit + 1, limit + 9):  # GEMM (or AVX-512 W4A8 GEMV) calls of other sizes
-        np.testing.assert_array_equal(kernels.linear(x[:T], p), y[:T],
+    for T in (limit + 1, limit + 9):  # GEMM (or GEMV, where it serves every T) calls
+        np.testing.assert_array_equal(kernels.linear(x[:T], p, prompt=prompt), y[:T],
                                       err_msg=f"{fmt} T={T} {isa}")
-    np.testing.assert_array_equal(kernels.linear(x[::-1].copy(), p)[::-1], y)
+    np.testing.assert_array_equal(kernels.linear(x[::-1].copy(), p, prompt=prompt)[::-1], y)
 
 
 @pytest.mark.parametrize("fmt", [f for f in GEMM_FORMATS if not parse_format(f).act_int8])
-def test_gemm_panels_hold_exactly_the_dequantized_weights(isa, rng, fmt):
+@pytest.mark.parametrize("prompt", [False, True])
+def test_gemm_panels_hold_exactly_the_dequantized_weights(isa, rng, fmt, prompt):
     """One-hot tokens read the decoded panels back (a single nonzero product per output): every
-    ISA's row decoder gives exactly the NumPy twin's weights."""
+    ISA's row decoder gives exactly the NumPy twin's weights. (The int8 GEMM multiplies the
+    integer weights by the product of two scales, the token's 1 / 127 and the weight's: a few
+    ulp from the dequantized value, where one integer off is 1 / 127 or more.)"""
     shape = (70, 192)
     w, mask = random_weight(rng, shape, fmt)
     p = kernels.pack(w, fmt, mask)
-    np.testing.assert_array_equal(kernels.linear(np.eye(shape[1], dtype=np.float32), p).T,
-                                  ref.dequantize(p), err_msg=f"{fmt} {isa}")
+    rtol = 1e-6 if prompt and p.native().int8_gemm_act_group >= 0 else 0
+    eye = np.eye(shape[1], dtype=np.float32)
+    np.testing.assert_allclose(kernels.linear(eye, p, prompt=prompt).T, ref.dequantize(p),
+                               rtol=rtol, atol=0, err_msg=f"{fmt} {isa}")
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int8_a8", "int4_g32_asym_a8",
@@ -249,9 +291,11 @@ def test_multithreaded_rows_and_panels(isa, rng, fmt):
     saved = kernels.get_num_threads()
     try:
         kernels.set_num_threads(2)
-        for T in (1, 5, 20):
+        for T in (1, 5, 20, 40):
             x = rng.standard_normal((T, shape[1])).astype(np.float32)
-            np.testing.assert_allclose(kernels.linear(x, p), ref.linear(x, p), **tolerance(fmt))
+            for prompt in (False, True):
+                np.testing.assert_allclose(kernels.linear(x, p, prompt=prompt),
+                                           ref.linear_as_run(x, p, prompt), **tolerance(fmt))
     finally:
         kernels.set_num_threads(saved)
 

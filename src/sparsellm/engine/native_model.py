@@ -201,15 +201,18 @@ class NativeDecoderModel:
         k_cache: np.ndarray,
         v_cache: np.ndarray,
         logit_rows: Sequence[int] | np.ndarray,
+        prompt: bool = False,
     ) -> np.ndarray:
         """Same contract as DecoderModel.forward; k_cache/v_cache (layers, slots, kv_heads,
-        capacity, head_dim), C-contiguous float32 or float16, are written in place.
-        -> (len(logit_rows), vocab)
+        capacity, head_dim), C-contiguous float32 or float16, are written in place. prompt: the
+        tokens are a prompt chunk, whose activations weight-only formats may quantize for the
+        int8 GEMM (csrc/linear.h). -> (len(logit_rows), vocab)
         """
         out = np.empty((len(logit_rows), self.args.vocab_size), dtype=np.float32)
         T, M = len(tokens), self.max_tokens
         if T <= M:  # lists of ints go to the native call as they are (no NumPy on this path)
-            self._native_forward(tokens, slots, positions, k_cache, v_cache, logit_rows, out)
+            self._native_forward(tokens, slots, positions, k_cache, v_cache, logit_rows, out,
+                                 prompt)
             return out
         # Chunks run in order, so a later chunk sees the keys/values the earlier ones wrote.
         tokens, slots, positions, rows = (np.asarray(a, dtype=np.int64)
@@ -219,11 +222,11 @@ class NativeDecoderModel:
             sel = np.flatnonzero((rows >= c0) & (rows < c1))
             part = np.empty((sel.size, self.args.vocab_size), dtype=np.float32)
             self._native_forward(tokens[c0:c1], slots[c0:c1], positions[c0:c1], k_cache,
-                                 v_cache, rows[sel] - c0, part)
+                                 v_cache, rows[sel] - c0, part, prompt)
             out[sel] = part
         return out
 
-    def _native_forward(self, *args: Sequence[int] | np.ndarray) -> None:
+    def _native_forward(self, *args: Sequence[int] | np.ndarray | bool) -> None:
         start = time.perf_counter()
         self._model.forward(*args)
         self.native_seconds += time.perf_counter() - start

@@ -52,6 +52,23 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return xq, scale
 
 
+def quantize_activation_groups(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic symmetric int8 per `group` columns (twin of the AVX-512 int8 GEMM's
+    quantize_groups, weight-only int4's prefill): scale = max|x| / 127,
+    xq = rint(x * (127 / max|x|)); an all-zero group (or one whose 127 / max overflows) gets
+    scale 0 and codes 0. x (T, n), n a multiple of group -> (xq (T, n) int8,
+    scale (T, n / group))."""
+    x = np.asarray(x, dtype=np.float32)
+    g = x.reshape(x.shape[0], -1, group)
+    amax = np.abs(g).max(axis=-1)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.float32(127) / amax
+    live = np.isfinite(inv)
+    safe = np.where(live, inv, np.float32(0)).astype(np.float32)
+    xq = np.rint(g * safe[..., None]).astype(np.int8).reshape(x.shape)
+    return xq, np.where(live, amax / np.float32(127), np.float32(0)).astype(np.float32)
+
+
 def kv_int8_rows(x: np.ndarray) -> np.ndarray:
     """Int8 KV-cache rows of x (..., hd): each vector quantized like a W8A8 activation, its
     float32 scale in the 4 bytes after its values -> int8 (..., hd + 4)."""
@@ -68,14 +85,31 @@ def kv_dequantize(rows: np.ndarray) -> np.ndarray:
     return rows[..., :-KV_SCALE_BYTES].astype(np.float32) * scale
 
 
-def linear(x: np.ndarray, p: PackedWeight) -> np.ndarray:
-    """Reference y = x @ W.T for x (T, in) -> (T, out) fp32."""
+def linear(x: np.ndarray, p: PackedWeight, act_group: int = 0) -> np.ndarray:
+    """Reference y = x @ W.T for x (T, in) -> (T, out) fp32. act_group > 0 (weight-only int4):
+    x quantized per that many columns first, as the int8 GEMM does (linear_as_run)."""
     x = np.asarray(x, dtype=np.float32)
-    if p.spec.act_int8:
+    if act_group and not p.spec.act_int8:
+        cols = -(-x.shape[1] // act_group) * act_group
+        xp = np.zeros((x.shape[0], cols), np.float32)
+        xp[:, :x.shape[1]] = x
+        xq, scale = quantize_activation_groups(xp, act_group)
+        x = (xq.astype(np.float64).reshape(len(x), -1, act_group) * scale[..., None])
+        x = x.reshape(len(x), cols)[:, :p.shape[1]]
+    elif p.spec.act_int8:
         # The kernels' integer dots times the scales == dequantized x times dequantized W.
         xq, xscale = quantize_activations(x)
         x = xq.astype(np.float64) * xscale[:, None]
     return (x.astype(np.float64) @ dequantize(p).astype(np.float64).T).astype(np.float32)
+
+
+def linear_as_run(x: np.ndarray, p: PackedWeight, prompt: bool = False) -> np.ndarray:
+    """`linear` with the activations the native kernels use for this many tokens on the active
+    ISA (kernels.linear with `prompt`): above the GEMV's limit, the AVX-512 int8 GEMM quantizes
+    a prompt's x per weight group for weight-only int4."""
+    native = p.native()
+    gemm = prompt and len(x) > native.gemv_max_tokens
+    return linear(x, p, act_group=max(native.int8_gemm_act_group, 0) if gemm else 0)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -358,6 +358,7 @@ class DecoderModel:
         k_cache: np.ndarray,
         v_cache: np.ndarray,
         logit_rows: Sequence[int] | np.ndarray,
+        prompt: bool = False,
     ) -> np.ndarray:
         """Run a flat batch of T tokens through the model.
 
@@ -366,6 +367,8 @@ class DecoderModel:
         order.
         k_cache, v_cache: (layers, slots, kv_heads, capacity, head_dim), written in place.
         logit_rows: indices into the T tokens whose logits are returned -> (len(logit_rows), vocab).
+        prompt: the tokens are a prompt chunk (the native model's int8 GEMM may then quantize
+        activations; this one computes in fp32 either way).
         """
         a = self.args
         tokens, slots, positions, logit_rows = (np.asarray(x, dtype=np.int64) for x in (
