@@ -201,6 +201,8 @@ void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_
 // W8A8 / W4A8, the GEMV's per-token int8.
 int64_t int8_gemm_act_group(const Weight& w);
 void quantize_groups(const float* x, int64_t kp, int64_t group, uint8_t* xu, float* xs);
+// quantize_int8_row's codes + 128 (W8A8 / W4A8 activations for it); n a multiple of 16.
+void quantize_row_u8(const float* x, int64_t n, uint8_t* xu, float* scale);
 }  // namespace avx512
 
 // ---------------------------------------------------------------------------------------------

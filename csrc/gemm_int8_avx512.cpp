@@ -366,6 +366,26 @@ void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_
 
 int64_t int8_gemm_act_group(const Weight& w) { return w.act_int8 ? 0 : w.group; }
 
+// quantize_int8_row's per-token int8 (compressed-tensors' grid, the same float operations: a
+// correctly rounded division, round to nearest even, clamp), + 128, in one pass.
+void quantize_row_u8(const float* x, int64_t n, uint8_t* xu, float* scale) {
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  *scale = _mm512_reduce_max_ps(m) / 127.5f;
+  if (*scale == 0.f) {  // all zeros (or so tiny that the scale underflows)
+    std::memset(xu, 128, size_t(n));
+    return;
+  }
+  const __m512 s = _mm512_set1_ps(*scale);
+  const __m512i lo = _mm512_set1_epi32(-128), hi = _mm512_set1_epi32(127);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512i q = _mm512_min_epi32(
+        _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(x + i), s)), lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xu + i),
+                     _mm512_cvtepi32_epi8(_mm512_add_epi32(q, _mm512_set1_epi32(128))));
+  }
+}
+
 // One row x (kp) -> xu = q + 128 and xs per `group` columns: q = rint(x * (127 / max|x|)),
 // scale max|x| / 127 (0 and q = 0 for an all-zero group, or one whose 127 / max overflows).
 void quantize_groups(const float* x, int64_t kp, int64_t group, uint8_t* xu, float* xs) {

@@ -104,11 +104,16 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
   });
 }
 
-// The int8 GEMM's linear on AVX-512: activations as bytes (W8A8 / W4A8: the GEMV's per-token
-// int8; weight-only int4: quantized per weight group), in parallel over tokens, then the GEMM
+// The int8 GEMM on AVX-512: activations as bytes (W8A8 / W4A8: the GEMV's per-token int8;
+// weight-only int4: quantized per weight group), in parallel over tokens, once for every
+// weight of the same width and activation group (q/k/v, gate/up), then the GEMM of each weight
 // in parallel over 32-row units.
-static void int8_gemm_linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y,
-                             int64_t ldy, LinearScratch& s) {
+static bool int8_gemm_takes(const Weight& w, const LinearScratch& s) {
+  return use_avx512() && avx512::int8_gemm_runs(w) && (w.act_int8 || s.prompt);
+}
+
+static GemmActs int8_gemm_acts(const Weight& w, const float* x, int64_t T, int64_t ldx,
+                               LinearScratch& s) {
   const int64_t kp = w.kp, K = w.cols, group = avx512::int8_gemm_act_group(w);
   s.reserve(T, kp);
   parallel_for(T, T * kp >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
@@ -117,21 +122,20 @@ static void int8_gemm_linear(const Weight& w, const float* x, int64_t T, int64_t
       uint8_t* xu = s.xu.data() + t * kp;
       std::memcpy(xp, x + t * ldx, size_t(K) * sizeof(float));
       std::fill(xp + K, xp + kp, 0.f);
-      if (group) {
-        avx512::quantize_groups(xp, kp, group, xu, s.xgscale.data() + t * (kp / group));
-        continue;
-      }
-      int8_t* xq = s.xq.data() + t * kp;
-      quantize_int8_row(xp, kp, xq, &s.xscale[t]);
-      for (int64_t k = 0; k < kp; ++k) xu[k] = uint8_t(xq[k] ^ 0x80);
+      if (group) avx512::quantize_groups(xp, kp, group, xu, s.xgscale.data() + t * (kp / group));
+      else avx512::quantize_row_u8(xp, kp, xu, &s.xscale[t]);
     }
   });
   GemmActs a;
   a.T = T;
   a.xu = s.xu.data();
   a.xs = group ? s.xgscale.data() : s.xscale.data();
+  return a;
+}
+
+static void int8_gemm_run(const Weight& w, const GemmActs& a, float* y, int64_t ldy) {
   constexpr int64_t kUnit = 2 * kRowBlock16;
-  parallel_for((w.rows + kUnit - 1) / kUnit, w.rows * kp * T >= 16 * kMinParallelWork,
+  parallel_for((w.rows + kUnit - 1) / kUnit, w.rows * w.kp * a.T >= 16 * kMinParallelWork,
                [&](int64_t lo, int64_t hi) {
                  avx512::int8_gemm(w, a, y, ldy, lo * kUnit, std::min(w.rows, hi * kUnit));
                });
@@ -199,8 +203,7 @@ void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, i
     gemv_multi(ws, ys, &ldy, 1, x, T, ldx, s);
     return;
   }
-  if (use_avx512() && avx512::int8_gemm_runs(w) && (w.act_int8 || s.prompt))
-    return int8_gemm_linear(w, x, T, ldx, y, ldy, s);
+  if (int8_gemm_takes(w, s)) return int8_gemm_run(w, int8_gemm_acts(w, x, T, ldx, s), y, ldy);
   prepare(x, T, ldx, w.cols, w.kp, w.act_int8, s);
   panel_linear(w, T, y, ldy, s);
 }
@@ -219,6 +222,15 @@ void linear_multi(const Weight* const* ws, float* const* ys, int n, const float*
   }
   if (T <= limit && same_kp) {
     gemv_multi(ws, ys, ldys, n, x, T, ldx, s);
+    return;
+  }
+  bool shared = same_kp;  // one int8 GEMM preparation for all of them
+  for (int i = 0; i < n; ++i)
+    shared &= int8_gemm_takes(*ws[i], s) &&
+              avx512::int8_gemm_act_group(*ws[i]) == avx512::int8_gemm_act_group(*ws[0]);
+  if (shared) {
+    const GemmActs a = int8_gemm_acts(*ws[0], x, T, ldx, s);
+    for (int i = 0; i < n; ++i) int8_gemm_run(*ws[i], a, ys[i], ldys[i]);
     return;
   }
   for (int i = 0; i < n; ++i) linear(*ws[i], x, T, ldx, ys[i], ldys[i], s);
