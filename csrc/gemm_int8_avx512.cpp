@@ -45,19 +45,28 @@ struct NoRows {  // Fmt::I8_R16 is stored as blocks already (expand() copies the
   __m512i next(int, int64_t) { return _mm512_setzero_si512(); }
 };
 
-struct SpI8Rows {  // Fmt::SP_I8: a mask word's values expanded to their columns
+// The bitmask formats' rows: each slot's packed values (V: int8, or bytes of nibbles) and mask.
+template <typename V>
+struct BitmaskRows {
   const Weight& w;
-  const int8_t* v[16];
-  const uint8_t* m[16];
+  const V* v[16] = {};
+  const uint8_t* m[16] = {};
   void begin(int i, int64_t r) {
-    v[i] = static_cast<const int8_t*>(w.data) + w.row_off[r];
+    v[i] = static_cast<const V*>(w.data) + w.row_off[r];
     m[i] = w.mask + r * (w.kp / 8);
   }
+  uint64_t bits(int i, int64_t k) const {  // the mask word of columns [k, k + 64)
+    uint64_t b;
+    std::memcpy(&b, m[i] + k / 8, 8);
+    return b;
+  }
+};
+
+struct SpI8Rows : BitmaskRows<int8_t> {  // Fmt::SP_I8: a word's values expanded to its columns
   __m512i next(int i, int64_t k) {
-    uint64_t bits;
-    std::memcpy(&bits, m[i] + k / 8, 8);
-    const __m512i e = _mm512_maskz_expand_epi8(bits, _mm512_loadu_si512(v[i]));
-    v[i] += __builtin_popcountll(bits);
+    const uint64_t b = bits(i, k);
+    const __m512i e = _mm512_maskz_expand_epi8(b, _mm512_loadu_si512(v[i]));
+    v[i] += __builtin_popcountll(b);
     return e;
   }
 };
@@ -72,11 +81,7 @@ struct I4Rows {  // Fmt::I4: two 16-byte blocks -> 64 nibbles in column order, m
     z[i] = w.asym ? w.zero + r * (w.kp / G) : nullptr;
   }
   __m512i next(int i, int64_t k) {
-    const __m512i both = _mm512_broadcast_i64x4(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[i] + k / 2)));
-    const __m512i v = _mm512_and_si512(
-        _mm512_srlv_epi64(both, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0x0f));
-    const __m512i u = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));  // column order
+    const __m512i u = i4_columns64(q[i] + k / 2);
     if (!z[i]) return _mm512_sub_epi8(u, _mm512_set1_epi8(8));
     const __m512i zp = G == 32 ? _mm512_inserti64x4(_mm512_set1_epi8(char(z[i][k / 32])),
                                                     _mm256_set1_epi8(char(z[i][k / 32 + 1])), 1)
@@ -85,25 +90,13 @@ struct I4Rows {  // Fmt::I4: two 16-byte blocks -> 64 nibbles in column order, m
   }
 };
 
-struct SpI4Rows {  // Fmt::SP_I4: a mask word's signed nibbles expanded to their columns
-  const Weight& w;
-  const uint8_t* v[16];
-  const uint8_t* m[16];
-  void begin(int i, int64_t r) {
-    v[i] = static_cast<const uint8_t*>(w.data) + w.row_off[r];
-    m[i] = w.mask + r * (w.kp / 8);
-  }
+struct SpI4Rows : BitmaskRows<uint8_t> {  // Fmt::SP_I4: a word's signed nibbles, expanded
   __m512i next(int i, int64_t k) {
     if (k >= words_end(w)) return _mm512_setzero_si512();  // a padding word
-    uint64_t bits;
-    std::memcpy(&bits, m[i] + k / 8, 8);
+    const uint64_t b = bits(i, k);
     // nibble n (two's complement int4; dropped columns 0) -> (n ^ 8) - 8
-    const __m512i w16 =  // the word's nibbles, one per byte (gemv_avx512.cpp's word_nibbles)
-        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v[i])));
-    const __m512i nib = _mm512_ternarylogic_epi64(w16, _mm512_slli_epi16(w16, 4),
-                                                  _mm512_set1_epi16(0x0f0f), 0xa8);
-    const __m512i e = _mm512_maskz_expand_epi8(bits, nib);
-    v[i] += sp_i4_word_bytes(__builtin_popcountll(bits));
+    const __m512i e = _mm512_maskz_expand_epi8(b, word_nibbles(v[i]));
+    v[i] += sp_i4_word_bytes(__builtin_popcountll(b));
     const __m512i eight = _mm512_set1_epi8(8);
     return _mm512_sub_epi8(_mm512_xor_si512(e, eight), eight);
   }
@@ -279,9 +272,8 @@ struct Kernel {
 };
 
 template <class Rows>
-void expand(const Weight& w, const Plan& pl, int period, Rows& rows, int64_t ra, int64_t rz,
-            Expanded& ex) {
-  const int64_t kp = w.kp, nb = blocks_for(ra, rz);
+void expand(const Weight& w, const Plan& pl, Rows& rows, int64_t ra, int64_t rz, Expanded& ex) {
+  const int64_t kp = w.kp, nb = blocks_for(ra, rz), len = kp / pl.periods;
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t r = ra + b * kRowBlock16;
     int8_t* blk = ex.blocks.data() + b * kRowBlock16 * kp;
@@ -291,19 +283,13 @@ void expand(const Weight& w, const Plan& pl, int period, Rows& rows, int64_t ra,
       expand_block(w, rows, r, rz, blk);
     else
       std::memset(blk, 0, size_t(kRowBlock16 * kp));
-    // Rows past rz have zero weights (I8_R16 pads its last block with zero rows) and scales.
-    const bool grouped = fmt_traits(w.fmt).grouped;
-    float* sc = ex.scale.data() + b * (grouped ? pl.groups : 1) * 16;
-    for (int64_t i = 0; i < kRowBlock16; ++i) {
-      const bool live = r + i < rz;
-      if (grouped)
-        for (int64_t g = 0; g < pl.groups; ++g)
-          sc[g * 16 + i] = live ? w.scale[(r + i) * pl.groups + g] : 0.f;
-      else
-        sc[i] = live ? w.scale[r + i] : 0.f;
-    }
+    // Rows past rz have zero weights (I8_R16 pads its last block with zero rows) and scales;
+    // w.scale is (rows, groups), groups == 1 for per-row scales.
+    float* sc = ex.scale.data() + b * pl.groups * 16;
+    for (int64_t i = 0; i < kRowBlock16; ++i)
+      for (int64_t g = 0; g < pl.groups; ++g)
+        sc[g * 16 + i] = r + i < rz ? w.scale[(r + i) * pl.groups + g] : 0.f;
     // -128 * the 16 rows' sums per period: vpdpbusd of the values with bytes of 1.
-    const int64_t len = period ? period : kp;
     for (int64_t p = 0; p < pl.periods; ++p) {
       __m512i s = _mm512_setzero_si512();
       for (int64_t k = p * len; k < (p + 1) * len; k += 4)
@@ -317,11 +303,11 @@ void expand(const Weight& w, const Plan& pl, int period, Rows& rows, int64_t ra,
 template <int E, bool AG, class Rows>
 void gemm_rows(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
                Rows& rows, Expanded& ex) {
-  const int64_t kp = w.kp, period = E ? E : kp, groups = E ? kp / w.group : 1;
-  const Plan pl{kp, kp / period, groups};
+  const int64_t kp = w.kp;
+  const Plan pl{kp, E ? kp / E : 1, E ? kp / w.group : 1};
   for (int64_t ra = r0; ra < r1; ra += kExpandRows) {
     const int64_t rz = std::min(r1, ra + kExpandRows);
-    expand(w, pl, E, rows, ra, rz, ex);
+    expand(w, pl, rows, ra, rz, ex);
     Kernel<E, AG>{pl, ex, a, y, ldy, ra, rz}.run(blocks_for(ra, rz));
   }
 }
@@ -354,8 +340,8 @@ void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_
   if (int64_t(ex.scale.size()) < nb * groups * 16) ex.scale.resize(size_t(nb * groups * 16));
   switch (w.fmt) {
     case Fmt::I8_R16: return gemm_format(w, a, y, ldy, r0, r1, NoRows{}, ex);
-    case Fmt::SP_I8: return gemm_format(w, a, y, ldy, r0, r1, SpI8Rows{w, {}, {}}, ex);
-    case Fmt::SP_I4: return gemm_format(w, a, y, ldy, r0, r1, SpI4Rows{w, {}, {}}, ex);
+    case Fmt::SP_I8: return gemm_format(w, a, y, ldy, r0, r1, SpI8Rows{{w}}, ex);
+    case Fmt::SP_I4: return gemm_format(w, a, y, ldy, r0, r1, SpI4Rows{{w}}, ex);
     case Fmt::I4:
       return with_group(w.group, [&](auto g) {
         gemm_format(w, a, y, ldy, r0, r1, I4Rows<decltype(g)::value>{w, {}, {}}, ex);

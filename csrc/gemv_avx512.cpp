@@ -178,15 +178,6 @@ struct Spread {
 constexpr Spread kSpread{};
 constexpr int kMaxNT4 = 8;  // tokens per tile of the sparse int4 kernels
 
-// The (up to) 64 nibbles of a mask word, one per byte (0..15) in stream order, from the 32
-// bytes at `bytes` (a word starts on a byte): each byte widened to a 16-bit lane 0x00HL, then
-// (lane | lane << 4) & 0x0f0f = 0x0H0L puts the low nibble in the lane's first byte.
-inline __m512i word_nibbles(const uint8_t* bytes) {
-  const __m512i w =
-      _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
-  return _mm512_ternarylogic_epi64(w, _mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x0f0f),
-                                   0xa8);  // (a | b) & c
-}
 }  // namespace
 
 // Bitmask sparse int4 with fp32 activations (W4A16). Per 64-column mask word: the word's
@@ -300,9 +291,7 @@ void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
 
 
 // Dense int4 with int8 activations (W4A8), VNNI. Two 16-byte blocks (64 columns) become 64
-// unsigned bytes in column order with one broadcast load, one shift of the upper half by 4, an
-// and, and one 128-bit lane shuffle ([low nibbles of block 0 | its high nibbles | block 1's]);
-// vpdpbusd adds each token's 4-column products into 16 int32 lanes, exact over a group, which
+// unsigned bytes in column order (i4_columns64, four instructions); vpdpbusd adds each token's 4-column products into 16 int32 lanes, exact over a group, which
 // are converted and scaled at the group's end (per 64 columns when G == 32: lanes 0-7 and 8-15
 // are different groups). The zero points' share, sum_g s_g z_g (group sum of xq), is
 // subtracted once per row and token (Acts::gsum).
@@ -313,8 +302,6 @@ void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
   const int64_t kp = w.kp, ng = kp / G;
   const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
     constexpr int NT = decltype(nt)::value;
-    const __m512i high_half = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
     const uint8_t* q = W + r * (kp / 2);
     const float* sc = w.scale + r * ng;
     const int8_t* xq = a.xq + t0 * kp;
@@ -326,11 +313,7 @@ void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
     }
     for (int64_t k = 0; k < kp; k += 64) {
       if ((k & 127) == 0) prefetch_ahead(q + k / 2);
-      const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(q + k / 2)));  // [block 0 | block 1 | block 0 | 1]
-      const __m512i v = _mm512_and_si512(_mm512_srlv_epi64(both, high_half), low4);
-      const __m512i u = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));  // [lo 0 | hi 0 |
-                                                                              //  lo 1 | hi 1]
+      const __m512i u = i4_columns64(q + k / 2);
       for (int t = 0; t < NT; ++t)
         dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * kp + k));
       if (G == 32 || (k + 64) % G == 0) scale_group_dots<G, NT>(sc, k, dot, acc);

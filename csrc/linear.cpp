@@ -61,16 +61,19 @@ static void group_sums(const X* x, int64_t T, int64_t kp, int64_t group, float* 
     }
 }
 
-// Zero-pads x (T, K) to xpad (T, kp) -- kernels have no tail loops -- and quantizes each token
+// Row x (K) -> out (kp), zero padded: kernels have no tail loops.
+static void pad_row(const float* x, int64_t K, int64_t kp, float* out) {
+  std::memcpy(out, x, size_t(K) * sizeof(float));
+  std::fill(out + K, out + kp, 0.f);
+}
+
+// Zero-pads x (T, K) to xpad (T, kp) (pad_row) and quantizes each token
 // for W8A8 (per-token scale; the same for every weight, so done once per call).
 static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t kp, bool int8,
                     LinearScratch& s) {
   s.reserve(T, kp);  // no-op once sized
   float* xp = s.xpad.data();
-  for (int64_t t = 0; t < T; ++t) {
-    std::memcpy(xp + t * kp, x + t * ldx, size_t(K) * sizeof(float));
-    std::fill(xp + t * kp + K, xp + (t + 1) * kp, 0.f);
-  }
+  for (int64_t t = 0; t < T; ++t) pad_row(x + t * ldx, K, kp, xp + t * kp);
   if (int8)
     for (int64_t t = 0; t < T; ++t) {
       int8_t* q = s.xq.data() + t * kp;
@@ -120,8 +123,7 @@ static GemmActs int8_gemm_acts(const Weight& w, const float* x, int64_t T, int64
     for (int64_t t = lo; t < hi; ++t) {
       float* xp = s.xpad.data() + t * kp;
       uint8_t* xu = s.xu.data() + t * kp;
-      std::memcpy(xp, x + t * ldx, size_t(K) * sizeof(float));
-      std::fill(xp + K, xp + kp, 0.f);
+      pad_row(x + t * ldx, K, kp, xp);
       if (group) avx512::quantize_groups(xp, kp, group, xu, s.xgscale.data() + t * (kp / group));
       else avx512::quantize_row_u8(xp, kp, xu, &s.xscale[t]);
     }
