@@ -74,7 +74,7 @@ def checkpoint(scratch: Path, shape: str, sparse: bool) -> Path:
     folder = scratch / (shape + ("-sparse50" if sparse else ""))
     if not (folder / "config.json").is_file():
         print(f"writing {folder} ...", file=sys.stderr, flush=True)
-        write_hf_folder(shape, folder, sparsity=0.5 if sparse else 0.0)
+        write_hf_folder(shape, folder, sparsity="0.5" if sparse else "")
     return folder
 
 

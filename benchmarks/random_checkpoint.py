@@ -5,7 +5,7 @@ same bf16 values for llama.cpp. Weights are N(0, 0.02) drawn from a shared pool 
 speed and memory are measured on them, never text); `sparsity` zeroes that share of every
 decoder linear weight (the smallest magnitudes), as a pruned model has.
 
-    python benchmarks/random_checkpoint.py tinyllama-1.1b scratch/tinyllama [--sparsity 0.5]
+    python benchmarks/random_checkpoint.py tinyllama-1.1b scratch/tinyllama [--sparsity 0.5|2:4]
         [--gguf scratch/tinyllama.gguf]
 
 Tensors are written one at a time (a 7B checkpoint never needs 7B in memory).
@@ -66,7 +66,7 @@ def tensor_shapes(s: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.weight", (s.vocab, s.hidden)
 
 
-def random_values(name: str, shape: tuple[int, ...], index: int, sparsity: float) -> np.ndarray:
+def random_values(name: str, shape: tuple[int, ...], index: int, sparsity: str) -> np.ndarray:
     """bf16 values of one tensor: ones for norms, a slice of the shared pool otherwise."""
     n = int(np.prod(shape))
     if len(shape) == 1:
@@ -74,11 +74,21 @@ def random_values(name: str, shape: tuple[int, ...], index: int, sparsity: float
     start = (index * 7919 * 4099) % _POOL.size
     v = np.resize(np.roll(_POOL, -start), n).reshape(shape)
     if sparsity and name.startswith("model.layers."):
-        v = np.where(np.abs(v) < np.quantile(np.abs(_POOL[: 1 << 20]), sparsity), 0, v)
+        v = prune(v, sparsity)
     return v.astype(BFLOAT16)
 
 
-def write_hf_folder(shape_name: str, out: Path, sparsity: float = 0.0) -> Path:
+def prune(v: np.ndarray, sparsity: str) -> np.ndarray:
+    """`v` with its smallest magnitudes zeroed: a share ("0.5"), or all but N of every M ("2:4")."""
+    if ":" in sparsity:
+        n, m = (int(k) for k in sparsity.split(":"))
+        groups = v.reshape(-1, m).copy()
+        np.put_along_axis(groups, np.argsort(np.abs(groups), axis=1)[:, : m - n], 0, axis=1)
+        return groups.reshape(v.shape)
+    return np.where(np.abs(v) < np.quantile(np.abs(_POOL[: 1 << 20]), float(sparsity)), 0, v)
+
+
+def write_hf_folder(shape_name: str, out: Path, sparsity: str = "") -> Path:
     """The HF folder (config, tokenizer, sharded bf16 safetensors + index) -> out."""
     from sparsellm.compression.save import write_tokenizer
     from sparsellm.models import DEFAULT_MODEL, load_checkpoint
@@ -199,7 +209,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("shape", choices=sorted(SHAPES))
     p.add_argument("out", type=Path)
-    p.add_argument("--sparsity", type=float, default=0.0)
+    p.add_argument("--sparsity", default="", help='a share of zeros ("0.5") or N:M ("2:4")')
     p.add_argument("--gguf", type=Path, default=None, help="also write this GGUF file")
     args = p.parse_args()
     write_hf_folder(args.shape, args.out, args.sparsity)

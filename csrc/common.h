@@ -193,12 +193,12 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
-// The int8 GEMM of prefill (gemm_int8_avx512.cpp) for int8 activations and weight-only int4
-// (int8_gemm_runs): y[t * ldy + r] for rows [r0, r1), r0 a multiple of 32.
+// The int8 GEMM of prefill (gemm_int8_avx512.cpp) for every integer format (int8_gemm_runs;
+// weight-only ones for prompts): y[t * ldy + r] for rows [r0, r1), r0 a multiple of 32.
 bool int8_gemm_runs(const Weight& w);
 void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
-// Weight-only int4's activations for it: quantized per weight group (quantize_groups); 0:
-// W8A8 / W4A8, the GEMV's per-token int8.
+// Weight-only formats' activations for it: quantized per this many columns (quantize_groups;
+// int4: its weight group, int8: 32); 0: W8A8 / W4A8, the GEMV's per-token int8.
 int64_t int8_gemm_act_group(const Weight& w);
 void quantize_groups(const float* x, int64_t kp, int64_t group, uint8_t* xu, float* xs);
 // quantize_int8_row's codes + 128 (W8A8 / W4A8 activations for it); n a multiple of 16.

@@ -12,16 +12,15 @@
 //
 // Scales: per-row weights (int8) with per-token activations (W8A8) keep the whole row's dot in
 // int32, y = float(dot) * (xscale * scale), the GEMV's float operations: the same bits. Int4
-// groups (and activations quantized per group of columns) end a dot every period of E columns:
+// groups, and activations quantized per group of columns, end a dot every period of E columns:
 // acc += float(dot) * scale, in fp32.
 //
-// Activations: W8A8 / W4A8 use the per-token int8 the GEMV uses. Weight-only int4 (W4A16)
-// prompts quantize x dynamically per weight group (scale max|x| / 127), the way llama.cpp
-// multiplies its Q4_0 / K-quant weights and OpenVINO's CPU plugin does by default, so their
-// prefill is an int8 GEMM too; decode keeps fp32 activations. (Weight-only int8 does not: there
-// the activations' rounding would be as large as the weights', and on Gemma 3 270M it took the
-// top logits' distance to llama.cpp past the one transformers has; int8_a8 is that trade.) TinyLlama-1.1B shape, 512-token prefill, 2 threads: int4_g32 120 -> 333
-// tok/s, int8_a8 313 -> 402; SmolLM2-135M: 897 -> 1914, 1735 -> 1901.
+// Activations: W8A8 / W4A8 use the per-token int8 the GEMV uses. Weight-only prompts (W4A16,
+// W8A16) quantize x dynamically per group of columns (scale max|x| / 127): int4 per weight
+// group, int8 per 32 columns. That is how llama.cpp multiplies its Q4_0 / Q8_0 / K-quant
+// weights and what OpenVINO's CPU plugin does by default, so their prefill is an int8 GEMM too;
+// decode keeps fp32 activations. TinyLlama-1.1B shape, 512-token prefill, 2 threads: int4_g32
+// 120 -> 333 tok/s, int8_a8 313 -> 402; SmolLM2-135M: 897 -> 1914, 1735 -> 1901.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -37,6 +36,12 @@ namespace {
 
 constexpr int64_t kExpandRows = 128;  // rows expanded at a time: 8 blocks, L2-resident
 constexpr int kNB = 2;                // blocks per micro-kernel call
+constexpr int kInt8ActGroup = 32;     // weight-only int8's activation group (a Q8_0 block)
+
+// Columns per int32 dot: 0 for a whole row (W8A8), else the weight's or the activations' group.
+int64_t dot_period(const Weight& w) {
+  return fmt_traits(w.fmt).grouped ? w.group : w.act_int8 ? 0 : kInt8ActGroup;
+}
 
 // Row streams: begin(i, row) starts slot i on a weight row, next(i, k) returns its signed
 // values at columns [k, k + 64) (called for k = 0, 64, ... in order).
@@ -60,6 +65,13 @@ struct BitmaskRows {
     std::memcpy(&b, m[i] + k / 8, 8);
     return b;
   }
+};
+
+struct I8Rows {  // Fmt::I8: row-major values
+  const Weight& w;
+  const int8_t* q[16];
+  void begin(int i, int64_t r) { q[i] = static_cast<const int8_t*>(w.data) + r * w.kp; }
+  __m512i next(int i, int64_t k) { return _mm512_loadu_si512(q[i] + k); }
 };
 
 struct SpI8Rows : BitmaskRows<int8_t> {  // Fmt::SP_I8: a word's values expanded to its columns
@@ -164,18 +176,21 @@ void expand_block(const Weight& w, Rows& rows, int64_t r, int64_t r1, int8_t* bl
 }
 
 // One thread's expanded rows: blocks, per period the -128 * sum(w) each dot starts from, and
-// the scales the kernel multiplies (per weight group, or per row).
+// the weight scales the kernel multiplies (per weight group, or per row).
 struct Expanded {
   AlignedVector<int8_t> blocks;  // (nb, 16 * kp)
   AlignedVector<int32_t> start;  // (nb, periods, 16)
   AlignedVector<float> scale;    // (nb, groups or 1, 16)
 };
 
-// The kernel's shape: E == 0, per-row weight scales and per-token activation scales (W8A8),
-// one int32 dot per row; E > 0, int4 group scales and a dot per group of E columns, and
-// activation scales per token (W4A8) or, AG, per group too (weight-only int4).
+// The kernel's scales, weights' x activations'. W8A8 (E == 0): per row x per token, one int32
+// dot per row. Else a dot per period of E columns: W4A8, per int4 group (E) x per token; W4A16,
+// per group x per group (the activations quantized per weight group); W8A16, per row x per
+// group of E columns (the row's scale multiplies once, at the end).
+enum class Scales { kRowToken, kGroupToken, kGroupGroup, kRowGroup };
+
 struct Plan {
-  int64_t kp, periods, groups;
+  int64_t kp, periods, groups;  // groups: the weight's scales per row
 };
 
 // Blocks for rows [ra, rz): an even number (the micro-kernel takes 2), zeros past rz.
@@ -183,7 +198,7 @@ inline int64_t blocks_for(int64_t ra, int64_t rz) {
   return (rz - ra + 2 * kRowBlock16 - 1) / (2 * kRowBlock16) * 2;
 }
 
-template <int E, bool AG>
+template <int E, Scales S>
 struct Kernel {
   const Plan& pl;
   const Expanded& ex;
@@ -225,12 +240,19 @@ struct Kernel {
           dot[1][t] = _mm512_dpbusd_epi32(dot[1][t], xb, wb);
         }
       }
-      if constexpr (E > 0) {
+      if constexpr (S == Scales::kRowGroup) {
+        SL_UNROLL for (int t = 0; t < NT; ++t) {
+          const __m512 xs = _mm512_set1_ps(a.xs[(t0 + t) * pl.periods + p]);
+          SL_UNROLL for (int i = 0; i < kNB; ++i)
+            acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][t]), xs, acc[i][t]);
+        }
+      } else if constexpr (E > 0) {
         SL_UNROLL for (int i = 0; i < kNB; ++i) {
           const __m512 ws = _mm512_load_ps(sc + (i * pl.groups + p) * 16);
           SL_UNROLL for (int t = 0; t < NT; ++t) {
-            const __m512 m =
-                AG ? _mm512_mul_ps(ws, _mm512_set1_ps(a.xs[(t0 + t) * pl.periods + p])) : ws;
+            const __m512 m = S == Scales::kGroupGroup
+                                 ? _mm512_mul_ps(ws, _mm512_set1_ps(a.xs[(t0 + t) * pl.periods + p]))
+                                 : ws;
             acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][t]), m, acc[i][t]);
           }
         }
@@ -242,21 +264,24 @@ struct Kernel {
       const __mmask16 store = r1 - row >= 16 ? 0xffff : (1u << (r1 - row)) - 1;
       SL_UNROLL for (int t = 0; t < NT; ++t) {
         __m512 out;
-        if constexpr (E == 0)  // W8A8: float(dot) * (xscale * scale), as the GEMV
+        if constexpr (S == Scales::kRowToken)  // W8A8: float(dot) * (xscale * scale), as the GEMV
           out = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[i][t]),
                               _mm512_mul_ps(_mm512_set1_ps(a.xs[t0 + t]),
                                             _mm512_load_ps(sc + i * 16)));
-        else if constexpr (AG)
+        else if constexpr (S == Scales::kGroupToken)
+          out = _mm512_mul_ps(acc[i][t], _mm512_set1_ps(a.xs[t0 + t]));
+        else if constexpr (S == Scales::kGroupGroup)
           out = acc[i][t];
         else
-          out = _mm512_mul_ps(acc[i][t], _mm512_set1_ps(a.xs[t0 + t]));
+          out = _mm512_mul_ps(acc[i][t], _mm512_load_ps(sc + i * 16));
         _mm512_mask_storeu_ps(y + (t0 + t) * ldy + row, store, out);
       }
     }
   }
 
-  // Tokens per tile: 8 when only int32 accumulators live in registers, 6 with fp32 ones too.
-  static constexpr int kMaxNT = E == 0 ? 8 : 6;
+  // Tokens per tile: 8 when only int32 accumulators live in registers, 7 with fp32 ones too
+  // (28 of the 32 vector registers; 6 measured 3-8% slower).
+  static constexpr int kMaxNT = E == 0 ? 8 : 7;
 
   template <int NT = kMaxNT>
   void tail(int64_t n, int64_t b, int64_t t0) const {
@@ -300,35 +325,34 @@ void expand(const Weight& w, const Plan& pl, Rows& rows, int64_t ra, int64_t rz,
   }
 }
 
-template <int E, bool AG, class Rows>
+template <int E, Scales S, class Rows>
 void gemm_rows(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
                Rows& rows, Expanded& ex) {
   const int64_t kp = w.kp;
-  const Plan pl{kp, E ? kp / E : 1, E ? kp / w.group : 1};
+  const Plan pl{kp, E ? kp / E : 1, fmt_traits(w.fmt).grouped ? kp / w.group : 1};
   for (int64_t ra = r0; ra < r1; ra += kExpandRows) {
     const int64_t rz = std::min(r1, ra + kExpandRows);
     expand(w, pl, rows, ra, rz, ex);
-    Kernel<E, AG>{pl, ex, a, y, ldy, ra, rz}.run(blocks_for(ra, rz));
+    Kernel<E, S>{pl, ex, a, y, ldy, ra, rz}.run(blocks_for(ra, rz));
   }
 }
 
 template <class Rows>
 void gemm_format(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0,
                  int64_t r1, Rows&& rows, Expanded& ex) {
-  const bool grouped = fmt_traits(w.fmt).grouped;
-  if (!grouped) return gemm_rows<0, false>(w, a, y, ldy, r0, r1, rows, ex);  // W8A8
-  with_group(w.group, [&](auto g) {  // int4: one period per weight group
-    constexpr int G = decltype(g)::value;
-    w.act_int8 ? gemm_rows<G, false>(w, a, y, ldy, r0, r1, rows, ex)
-               : gemm_rows<G, true>(w, a, y, ldy, r0, r1, rows, ex);
+  const int64_t period = dot_period(w);
+  if (!period) return gemm_rows<0, Scales::kRowToken>(w, a, y, ldy, r0, r1, rows, ex);
+  with_group(int(period), [&](auto g) {
+    constexpr int E = decltype(g)::value;
+    if (!fmt_traits(w.fmt).grouped) return gemm_rows<E, Scales::kRowGroup>(w, a, y, ldy, r0, r1, rows, ex);
+    w.act_int8 ? gemm_rows<E, Scales::kGroupToken>(w, a, y, ldy, r0, r1, rows, ex)
+               : gemm_rows<E, Scales::kGroupGroup>(w, a, y, ldy, r0, r1, rows, ex);
   });
 }
 
 }  // namespace
 
-bool int8_gemm_runs(const Weight& w) {
-  return !fmt_traits(w.fmt).is_float && (w.act_int8 || fmt_traits(w.fmt).grouped);
-}
+bool int8_gemm_runs(const Weight& w) { return !fmt_traits(w.fmt).is_float; }
 
 void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0,
                int64_t r1) {
@@ -340,6 +364,7 @@ void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_
   if (int64_t(ex.scale.size()) < nb * groups * 16) ex.scale.resize(size_t(nb * groups * 16));
   switch (w.fmt) {
     case Fmt::I8_R16: return gemm_format(w, a, y, ldy, r0, r1, NoRows{}, ex);
+    case Fmt::I8: return gemm_format(w, a, y, ldy, r0, r1, I8Rows{w, {}}, ex);
     case Fmt::SP_I8: return gemm_format(w, a, y, ldy, r0, r1, SpI8Rows{{w}}, ex);
     case Fmt::SP_I4: return gemm_format(w, a, y, ldy, r0, r1, SpI4Rows{{w}}, ex);
     case Fmt::I4:
@@ -350,7 +375,7 @@ void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_
   }
 }
 
-int64_t int8_gemm_act_group(const Weight& w) { return w.act_int8 ? 0 : w.group; }
+int64_t int8_gemm_act_group(const Weight& w) { return w.act_int8 ? 0 : dot_period(w); }
 
 // quantize_int8_row's per-token int8 (compressed-tensors' grid, the same float operations: a
 // correctly rounded division, round to nearest even, clamp), + 128, in one pass.

@@ -312,7 +312,7 @@ PYBIND11_MODULE(_native, m) {
           },
           "Above gemv_max_tokens, on the active ISA: -1 for the fp32 GEMM, else the AVX-512 "
           "int8 GEMM with activations quantized per this many columns (0: per token, W8A8 / "
-          "W4A8; > 0, weight-only int4: for a prompt only)");
+          "W4A8; > 0, weight-only int4 / int8: for a prompt only)");
 
   m.def(
       "linear",
@@ -334,9 +334,10 @@ PYBIND11_MODULE(_native, m) {
 
   m.def(
       "bench_linear",
-      [](std::vector<const PyWeight*> ws, py::array x, int64_t iters) {
+      [](std::vector<const PyWeight*> ws, py::array x, int64_t iters, bool prompt) {
         // Seconds per linear() call, cycling through `ws` (copies of one matrix whose total
-        // size exceeds the last-level cache, so every call streams its weights from DRAM).
+        // size exceeds the last-level cache, so every call streams its weights from DRAM);
+        // x's tokens are a prompt's or not (linear's `prompt`).
         if (ws.empty()) throw std::invalid_argument("bench_linear: no weights");
         const Weight& w0 = ws[0]->w;
         if (x.ndim() != 2 || x.shape(1) != w0.cols) throw std::invalid_argument("bench_linear: x");
@@ -344,14 +345,16 @@ PYBIND11_MODULE(_native, m) {
         const int64_t T = x.shape(0);
         std::vector<float> y(size_t(T * w0.rows));
         py::gil_scoped_release nogil;
+        tl_scratch.prompt = prompt;
         for (const PyWeight* p : ws) linear(p->w, xp, T, w0.cols, y.data(), w0.rows, tl_scratch);
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < iters; ++i)
           linear(ws[i % ws.size()]->w, xp, T, w0.cols, y.data(), w0.rows, tl_scratch);
         const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+        tl_scratch.prompt = false;
         return dt.count() / double(iters);
       },
-      py::arg("weights"), py::arg("x"), py::arg("iters"));
+      py::arg("weights"), py::arg("x"), py::arg("iters"), py::arg("prompt") = false);
 
   m.def(
       "read_bandwidth",

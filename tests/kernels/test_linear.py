@@ -187,16 +187,18 @@ def test_activation_quantization_twin(isa, rng, n):
 
 
 @pytest.mark.parametrize("n", [128, 200])
-def test_int8_gemm_activation_quantization_twin(rng, n):
-    """Weight-only int4 prompts on AVX-512 quantize x per weight group
-    (`reference.quantize_activation_groups`, scale max / 127): read through an identity int4
+@pytest.mark.parametrize("fmt", ["int4_g32", "int8", "sparse_int8"])
+def test_int8_gemm_activation_quantization_twin(rng, n, fmt):
+    """Weight-only prompts on AVX-512 quantize x per group of 32 columns (int4: its weight
+    group; `reference.quantize_activation_groups`, scale max / 127): read through an identity
     weight, y[t, i] = xq[t, i] * scale[t, i / 32] * w[i, i] to a few ulp, and the codes are the
     twin's exactly."""
     from sparsellm.kernels._ext import native
 
     if not native().cpu_supports_avx512():
         pytest.skip("the int8 GEMM is AVX-512 only")  # CI machines have it
-    p = kernels.pack(np.eye(n, dtype=np.float32), "int4_g32")
+    eye = np.eye(n, dtype=np.float32)
+    p = kernels.pack(eye, fmt, eye != 0 if fmt.startswith("sparse") else None)
     assert p.native().int8_gemm_act_group == 32
     x = np.concatenate([_activation_rows(rng, n),
                         rng.standard_normal((10, n)).astype(np.float32)])

@@ -73,10 +73,10 @@ class Engine:
     (NumPy's threads are process-wide), so it refuses it.
     `kv_cache_dtype="fp16"` or `"int8"` stores keys and values as IEEE half or int8 (see
     KV_CACHE_DTYPES); the NumPy backend keeps fp32 or fp16.
-    `prefill_int8` (on AVX-512): weight-only int4 formats process prompts with an int8 GEMM on
-    activations quantized per weight group, as llama.cpp and OpenVINO do (2-3x faster prefill;
-    decode and speculative verification keep fp32 activations). False keeps fp32 activations
-    there too.
+    `prefill_int8` (on AVX-512): weight-only int4 and int8 formats process prompts with an int8
+    GEMM on activations quantized per group of columns (int4: its weight group; int8: 32), as
+    llama.cpp and OpenVINO do (3-4x faster prefill; decode and speculative verification keep
+    fp32 activations). False keeps fp32 activations there too.
 
     Weights the native runtime converts are cached: the first load writes them to
     `weights_cache` (True: $SPARSELLM_CACHE_DIR or ~/.cache/sparsellm; a folder; False: off)
@@ -236,7 +236,7 @@ class Engine:
         """One forward over several sequences, each extended by its own list of tokens.
 
         logit_rows index the flattened tokens; returns (len(logit_rows), vocab). prompt: the
-        tokens are prompt chunks (prefill with `prefill_int8`): weight-only int4 may then run
+        tokens are prompt chunks (prefill with `prefill_int8`): weight-only int4 / int8 may then run
         its GEMM on quantized activations (csrc/linear.h); decode steps and speculative
         verification leave it off, so their logits are decode's up to rounding.
         """

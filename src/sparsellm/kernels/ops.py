@@ -16,8 +16,8 @@ def linear(x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None,
            prompt: bool = False) -> np.ndarray:
     """y = x @ W.T. x: (T, in) or (in,) -> (T, out) or (out,). Up to a few tokens run the
     format's GEMV kernel (each packed row streamed once for all of them); more run a GEMM (see
-    csrc/linear.h): on AVX-512 an int8 one for integer formats, which for weight-only int4
-    quantizes x per weight group when `prompt` (a prompt chunk)."""
+    csrc/linear.h): on AVX-512 an int8 one for integer formats, which for the weight-only ones
+    quantizes x per group of columns when `prompt` (a prompt chunk)."""
     x = _f32(x)
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: x must be (T, {w.shape[1]}) for a {w.shape} weight, "

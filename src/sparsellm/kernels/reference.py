@@ -54,7 +54,7 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def quantize_activation_groups(x: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """Dynamic symmetric int8 per `group` columns (twin of the AVX-512 int8 GEMM's
-    quantize_groups, weight-only int4's prefill): scale = max|x| / 127,
+    quantize_groups, weight-only int4 / int8 prefill): scale = max|x| / 127,
     xq = rint(x * (127 / max|x|)); an all-zero group (or one whose 127 / max overflows) gets
     scale 0 and codes 0. x (T, n), n a multiple of group -> (xq (T, n) int8,
     scale (T, n / group))."""
@@ -86,7 +86,7 @@ def kv_dequantize(rows: np.ndarray) -> np.ndarray:
 
 
 def linear(x: np.ndarray, p: PackedWeight, act_group: int = 0) -> np.ndarray:
-    """Reference y = x @ W.T for x (T, in) -> (T, out) fp32. act_group > 0 (weight-only int4):
+    """Reference y = x @ W.T for x (T, in) -> (T, out) fp32. act_group > 0 (weight-only):
     x quantized per that many columns first, as the int8 GEMM does (linear_as_run)."""
     x = np.asarray(x, dtype=np.float32)
     if act_group and not p.spec.act_int8:
@@ -106,7 +106,7 @@ def linear(x: np.ndarray, p: PackedWeight, act_group: int = 0) -> np.ndarray:
 def linear_as_run(x: np.ndarray, p: PackedWeight, prompt: bool = False) -> np.ndarray:
     """`linear` with the activations the native kernels use for this many tokens on the active
     ISA (kernels.linear with `prompt`): above the GEMV's limit, the AVX-512 int8 GEMM quantizes
-    a prompt's x per weight group for weight-only int4."""
+    a prompt's x per group of columns for the weight-only formats."""
     native = p.native()
     gemm = prompt and len(x) > native.gemv_max_tokens
     return linear(x, p, act_group=max(native.int8_gemm_act_group, 0) if gemm else 0)

@@ -1,0 +1,99 @@
+"""Prefill speed of each sparse weight format beside its dense twin (the same bit width and
+activations: sparse_int8_a8 beside int8_a8, 2:4_int8 beside int8, ...), at a real model shape.
+A sparse weight reads fewer bytes but has to be expanded for the GEMM; this shows whether that
+ever costs more than it saves.
+
+    python benchmarks/sparse_prefill.py --shape tinyllama-1.1b [--rounds 3] \
+        [--formats sparse_int8_a8 2:4_int8 ...]
+
+Checkpoints are written once under --scratch by random_checkpoint.py: the dense one, its
+50%-pruned twin (bitmask formats) and its 2:4-pruned twin (2:4 formats). Every figure comes from
+a fresh process (best of 3 prompts of 512 random tokens); rounds alternate sparse and dense, and
+the table holds medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from random_checkpoint import write_hf_folder
+
+from sparsellm.kernels.formats import FORMATS, dense_twin, parse_format
+from sparsellm.kernels.layouts import Sparsity
+
+PROMPT = 512
+CHILD = f"PROMPT = {PROMPT}" + r"""
+import json, sys, time
+import numpy as np
+from sparsellm.engine import Engine
+engine = Engine(sys.argv[1], sequence_length=PROMPT + 8, weights=sys.argv[2])
+rng = np.random.default_rng(0)
+seq = engine.add_sequence()
+engine.prefill(seq, [5, 6, 7])  # warm up: pages mapped, threads started
+engine.release(seq)
+best = float("inf")
+for _ in range(3):
+    seq = engine.add_sequence()
+    ids = [int(t) for t in rng.integers(100, 40000, PROMPT)]
+    t = time.perf_counter()
+    engine.prefill(seq, ids)
+    best = min(best, time.perf_counter() - t)
+    engine.release(seq)
+print(json.dumps(PROMPT / best))
+"""
+# Checkpoint variant per sparsity: folder suffix and random_checkpoint's --sparsity.
+VARIANTS = {Sparsity.BITMASK: ("sparse50", "0.5"), Sparsity.TWO_FOUR: ("sparse24", "2:4")}
+
+
+def folder(scratch: Path, shape: str, name: str, sparsity: str) -> Path:
+    out = scratch / f"{shape}-{name}"
+    if not (out / "config.json").exists():
+        print(f"writing {out}", file=sys.stderr)
+        write_hf_folder(shape, out, sparsity)
+    return out
+
+
+def prefill_tok_s(path: Path, fmt: str) -> float:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path), fmt], capture_output=True,
+                         text=True)
+    if out.returncode:
+        raise SystemExit(f"{fmt} on {path} failed: {out.stderr.strip().splitlines()[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    sparse = [f for f in FORMATS if parse_format(f).sparse]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="tinyllama-1.1b")
+    p.add_argument("--scratch", type=Path, default=Path("scratch/peers"))
+    p.add_argument("--formats", nargs="+", default=sparse, choices=sparse)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    dense = folder(args.scratch, args.shape, "dense", "")
+    runs = []  # (sparse format, its folder)
+    for fmt in args.formats:
+        name, sparsity = VARIANTS[parse_format(fmt).sparsity]
+        runs.append((fmt, folder(args.scratch, args.shape, name, sparsity)))
+    results: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        for fmt, path in runs:
+            for f, pth in ((fmt, path), (dense_twin(fmt), dense)):
+                results.setdefault(f, []).append(prefill_tok_s(pth, f))
+                print(f"round {r + 1}: {f}: {results[f][-1]:.0f} tok/s", file=sys.stderr)
+    print(f"\n{args.shape}, prefill of {PROMPT} tokens, tok/s, medians of {args.rounds} "
+          f"interleaved rounds (fresh process each)\n")
+    print("| sparse format | tok/s | dense twin | tok/s | sparse / dense |")
+    print("|---|---|---|---|---|")
+    for fmt, _ in runs:
+        s, d = statistics.median(results[fmt]), statistics.median(results[dense_twin(fmt)])
+        print(f"| {fmt} | {s:.0f} | {dense_twin(fmt)} | {d:.0f} | {s / d:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
