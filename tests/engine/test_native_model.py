@@ -156,6 +156,24 @@ def test_mixed_formats_biases_tied_head_and_chunking(isa):
         np.testing.assert_allclose(g, w, atol=2e-4 * np.abs(w).max(), rtol=0)
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "int4_g32_a8"])
+def test_a_step_longer_than_max_tokens_runs_in_even_chunks(isa, fmt):
+    """A step of 19 tokens with max_tokens 16 runs as 10 + 9, not 16 + 3: three tokens alone
+    would take the GEMV path, whose last bits differ from the GEMM's, and a sequence's logits
+    would depend on what shared its step. Both chunks take the GEMM, as the sequence's 12 tokens
+    do in a step of their own: the same bits."""
+    rng = np.random.default_rng(5)
+    args, tensors = tiny_model(rng)
+    model = NativeDecoderModel(args, tensors, fmt, max_tokens=16)
+    first, second = rng.integers(0, args.vocab_size, 7), rng.integers(0, args.vocab_size, 12)
+    k, v = empty_cache(args)
+    both = model.forward(np.concatenate([first, second]), [0] * 7 + [1] * 12,
+                         list(range(7)) + list(range(12)), k, v, np.arange(19))
+    k, v = empty_cache(args)
+    alone = model.forward(second, [1] * 12, list(range(12)), k, v, np.arange(12))
+    np.testing.assert_array_equal(both[7:], alone)
+
+
 def test_packed_weights_share_one_block_except_fp32_ones_used_in_place():
     rng = np.random.default_rng(4)
     args, tensors = tiny_model(rng, tie_word_embeddings=True)

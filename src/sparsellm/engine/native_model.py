@@ -215,10 +215,15 @@ class NativeDecoderModel:
                                  prompt)
             return out
         # Chunks run in order, so a later chunk sees the keys/values the earlier ones wrote.
+        # They are near-equal in size, never M, M, ..., and a remainder: a remainder of a few
+        # tokens would take the GEMV path, whose last bits differ from the GEMM's that the same
+        # tokens get in a larger call, so a token's logits would depend on how the step's
+        # tokens were grouped (a perplexity window, or a Ray worker's share of them).
         tokens, slots, positions, rows = (np.asarray(a, dtype=np.int64)
                                           for a in (tokens, slots, positions, logit_rows))
-        for c0 in range(0, T, M):
-            c1 = min(T, c0 + M)
+        n = -(-T // M)
+        for i in range(n):
+            c0, c1 = T * i // n, T * (i + 1) // n
             sel = np.flatnonzero((rows >= c0) & (rows < c1))
             part = np.empty((sel.size, self.args.vocab_size), dtype=np.float32)
             self._native_forward(tokens[c0:c1], slots[c0:c1], positions[c0:c1], k_cache,
