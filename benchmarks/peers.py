@@ -1,14 +1,18 @@
 """sparsellm beside its CPU peers on the same weights, one table per model shape.
 
     python benchmarks/peers.py --shape tinyllama-1.1b [--rounds 3] [--threads 2]
-        [--pairs bf16 int8_a8 int4_g32 sparse_int8_a8] [--peers llamacpp openvino openvino-f32]
+        [--pairs bf16 int8 int8_a8 int4_g32 sparse_int8_a8] [--peers llamacpp openvino openvino-f32]
         [--openvino-python /tmp/ovenv/bin/python]
+    python benchmarks/peers.py --shape smollm2-135m --pairs fp32 sparse_fp32 --peers deepsparse \
+        --deepsparse-python /tmp/dsvenv/bin/python
 
-Per format pair (ours vs llama.cpp's: bf16 vs BF16, int8_a8 vs Q8_0, int4_g32 and int4_g32_a8
-vs Q4_0 (which quantizes activations to int8 blocks, as int4_g32_a8 does per token), 50%-sparse
-int8_a8 vs the dense Q8_0, which is what a llama.cpp user of the pruned model runs) and per
+Per format pair (ours vs llama.cpp's: bf16 vs BF16, int8 and int8_a8 vs Q8_0, int4_g32 and
+int4_g32_a8 vs Q4_0 (which quantizes activations to int8 blocks, as int4_g32_a8 does per
+token), 50%-sparse int8_a8 vs the dense Q8_0, which is what a llama.cpp user of the pruned
+model runs, fp32 and sparse_fp32 vs F32) and per
 OpenVINO GenAI weight format (its defaults on this CPU: bf16 compute, u8 KV cache;
-openvino-f32: its strict fp32 mode): decode tok/s
+openvino-f32: its strict fp32 mode), and DeepSparse 1.8 for fp32 and sparse_fp32 (fp32 on
+the dense folder and on the 50%-pruned one, whose zeros its sparse kernels skip): decode tok/s
 (64 greedy tokens after an 8-token prompt, as llama-bench's tg64), prefill tok/s of a 512-token
 prompt (pp512), time to first token of a 128-token prompt, and the process's peak RSS. Every
 figure comes from a fresh process; rounds alternate systems (ours, peer, ours, peer...) and the
@@ -17,17 +21,25 @@ table holds medians, so machine noise hits both sides alike.
 Weights: random_checkpoint.py writes the HF folder (bf16) and its 50%-pruned twin once under
 --scratch (a folder already there is used as it is), then GGUF files of the same values: BF16,
 and Q8_0 / Q4_0 by the gguf package's twin of llama.cpp's reference quantizer. OpenVINO models
-are exported from the same folder by optimum-intel.
+are exported from the same folder by optimum-intel; DeepSparse's from the pair's own folder by
+deepsparse_export.py (SparseML 1.8's export with a KV cache, in DeepSparse's venv).
 
 Setup, once, outside CI (peers are never sparsellm dependencies):
     pip install llama-cpp-python gguf                  # compiles llama.cpp, ~15 min on 2 cores
     python -m venv ovenv && ovenv/bin/pip install torch==2.13.0 openvino-genai optimum-intel
+    python -m venv dsvenv && dsvenv/bin/pip install torch==2.13.0 deepsparse==1.8.0 \
+        sparseml==1.8.0 transformers==4.40.2 compressed-tensors==0.4.0 "datasets<2.19" \
+        "accelerate<0.29" "pyarrow<17" "pandas<2.3" "setuptools<81"
+    (DeepSparse's licence allows benchmarking only. SparseML 1.8's export wants transformers
+    4.40 and pkg_resources; the other pins keep what accepts its numpy 1.x.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,11 +52,17 @@ PROMPT, TTFT_PROMPT, DECODE, DECODE_PROMPT = 512, 128, 64, 8
 # our format -> (checkpoint variant, llama.cpp type, OpenVINO weight format)
 PAIRS = {
     "bf16": ("dense", "BF16", "fp16"),
+    "int8": ("dense", "Q8_0", "int8"),         # weight-only int8: `sparsellm generate`'s default
     "int8_a8": ("dense", "Q8_0", "int8"),
     "int4_g32": ("dense", "Q4_0", "int4"),
     "int4_g32_a8": ("dense", "Q4_0", "int4"),
     "sparse_int8_a8": ("sparse50", "Q8_0", None),
+    # DeepSparse's pairs: it computes in fp32, on the pair's own folder, and skips the pruned
+    # one's zeros (llama.cpp runs the dense F32 file for both).
+    "fp32": ("dense", "F32", None),
+    "sparse_fp32": ("sparse50", "F32", None),
 }
+DEEPSPARSE = {"fp32", "sparse_fp32"}  # not in the default --pairs (the README table's)
 
 # Each child prints one JSON line: decode_tok_s, prefill_tok_s, ttft_s, peak_gb.
 COMMON = f"PROMPT, TTFT_PROMPT, DECODE, DECODE_PROMPT = {PROMPT}, {TTFT_PROMPT}, {DECODE}, " \
@@ -124,6 +142,40 @@ tpot = min(generate(prompt(DECODE_PROMPT), DECODE + 1)[1] for _ in range(2))
 print(json.dumps({"decode_tok_s": 1 / tpot, "prefill_tok_s": PROMPT / prefill, "ttft_s": ttft,
                   "peak_gb": peak_gb()}))
 """,
+    "deepsparse": COMMON + r"""
+import os
+os.environ["NM_DISABLE_ANALYTICS"] = "1"
+from deepsparse import TextGeneration
+# Its defaults otherwise: prompts run in chunks of 16 tokens (prompt_sequence_length), the KV
+# cache lives in the engine, compiled for sequence_length positions that attention always spans.
+# force_max_tokens: a random model's EOS must not end a run early.
+pipe = TextGeneration(model_path=path, sequence_length=PROMPT + DECODE + 8, num_cores=threads,
+                      force_max_tokens=True)
+tok = pipe.tokenizer
+candidates = sorted(w[1:] for w in tok.get_vocab() if w[0] == "\u0120" and w[1:].isalpha())
+words = [w for w, ids in zip(candidates, tok([" " + w for w in candidates],
+                                              add_special_tokens=False)["input_ids"])
+         if len(ids) == 1]                       # " word" is one token, whatever stands before
+specials = len(tok("")["input_ids"])
+def text(n):                                     # random words: n tokens for the pipeline
+    s = "".join(" " + w for w in rng.choice(words, n - specials))
+    assert len(tok(s)["input_ids"]) == n
+    return s
+# Streamed and timed as a user sees it, text in and text out (its Python operators count). It
+# yields max_new_tokens + 1 tokens: the prompt's, then max_new_tokens steps.
+def generate(n_prompt, n_new):                   # -> (s to the first token, s per later token)
+    s = text(n_prompt)
+    t = time.perf_counter()
+    stamps = [time.perf_counter() - t
+              for _ in pipe(sequences=s, max_new_tokens=n_new, do_sample=False, streaming=True)]
+    return stamps[0], (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+generate(4, 2)
+ttft = generate(TTFT_PROMPT, 1)[0]
+prefill = min(generate(PROMPT, 1)[0] for _ in range(2))
+tpot = min(generate(DECODE_PROMPT, DECODE)[1] for _ in range(2))
+print(json.dumps({"decode_tok_s": 1 / tpot, "prefill_tok_s": PROMPT / prefill, "ttft_s": ttft,
+                  "peak_gb": peak_gb()}))
+""",
 }
 
 
@@ -136,11 +188,12 @@ def measure(python: str, kind: str, path: Path, weights: str, threads: int) -> d
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_python: str) -> dict:
+def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_python: str,
+            ds_python: str) -> dict:
     """Write what the runs need, once -> {(system, pair): (path, weights)}."""
     folders = {}
     needed = {PAIRS[p][0] for p in pairs} | ({"dense"} if peers else set())  # peers: dense
-    for variant, sparsity in (("dense", 0.0), ("sparse50", 0.5)):
+    for variant, sparsity in (("dense", ""), ("sparse50", "0.5")):
         if variant in needed:
             folder = scratch / f"{shape}-{variant}"
             if not (folder / "config.json").exists():
@@ -151,12 +204,15 @@ def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_py
     for pair in pairs:
         variant, llama_type, ov_format = PAIRS[pair]
         runs["sparsellm", pair] = (folders[variant], pair)
-        if "llamacpp" in peers:
+        if "llamacpp" in peers and llama_type:
             runs["llamacpp", pair] = (llama_gguf(folders["dense"], llama_type), llama_type)
         for peer in ("openvino", "openvino-f32"):
             if peer in peers and ov_format:
                 model = openvino_model(folders["dense"], ov_format, ov_python)
                 runs[peer, pair] = (model, ov_format + ("-f32" if peer.endswith("f32") else ""))
+        if "deepsparse" in peers and pair in DEEPSPARSE:
+            runs["deepsparse", pair] = (deepsparse_model(folders[variant], ds_python),
+                                        f"fp32 {variant}")
     return runs
 
 
@@ -182,25 +238,43 @@ def openvino_model(folder: Path, fmt: str, python: str) -> Path:
     return out
 
 
+def deepsparse_model(folder: Path, python: str) -> Path:
+    out = folder.with_name(f"{folder.name}-ds")
+    if not (out / "model.onnx").exists():
+        print(f"exporting {out}", file=sys.stderr)
+        tmp = out.with_name(f"{out.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted export left
+        tmp.mkdir()
+        subprocess.run([python, str(Path(__file__).with_name("deepsparse_export.py")), str(folder),
+                        str(tmp)], check=True, env={**os.environ, "NM_DISABLE_ANALYTICS": "1"})
+        tmp.rename(out)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="tinyllama-1.1b")
     p.add_argument("--scratch", type=Path, default=Path("scratch/peers"))
-    p.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    p.add_argument("--pairs", nargs="+", default=[pair for pair in PAIRS if pair not in DEEPSPARSE],
+                   choices=list(PAIRS))
     p.add_argument("--peers", nargs="+", default=["llamacpp"],
-                   choices=["llamacpp", "openvino", "openvino-f32"])
+                   choices=["llamacpp", "openvino", "openvino-f32", "deepsparse"])
     p.add_argument("--openvino-python", default=sys.executable,
                    help="the Python that has openvino-genai and optimum-intel (a venv of its own)")
+    p.add_argument("--deepsparse-python", default=sys.executable,
+                   help="the Python that has deepsparse and sparseml (a venv of its own)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     args.scratch.mkdir(parents=True, exist_ok=True)
-    runs = prepare(args.shape, args.scratch, args.pairs, args.peers, args.openvino_python)
+    runs = prepare(args.shape, args.scratch, args.pairs, args.peers, args.openvino_python,
+                   args.deepsparse_python)
     results: dict[tuple[str, str], list[dict]] = {key: [] for key in runs}
     for r in range(args.rounds):
         for key, (path, weights) in runs.items():
             kind = "openvino" if key[0].startswith("openvino") else key[0]  # -f32: a setting
-            python = args.openvino_python if kind == "openvino" else sys.executable
+            python = {"openvino": args.openvino_python,
+                      "deepsparse": args.deepsparse_python}.get(kind, sys.executable)
             results[key].append(measure(python, kind, path, weights, args.threads))
             print(f"round {r + 1}: {key[0]} {weights}: {results[key][-1]}", file=sys.stderr)
     print_table(args, runs, results)

@@ -158,7 +158,7 @@ def write_gguf(folder: Path, path: Path, ggml_type: str = "BF16") -> Path:
     w.add_rope_freq_base(a.rope_theta)
     w.add_vocab_size(a.vocab_size)
     qtype = gguf.GGMLQuantizationType[ggml_type]
-    w.add_file_type(gguf.LlamaFileType[f"MOSTLY_{ggml_type}"])
+    w.add_file_type(gguf.LlamaFileType["ALL_F32" if ggml_type == "F32" else f"MOSTLY_{ggml_type}"])
     tok = ck.tokenizer
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
