@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from random_checkpoint import SHAPES, write_hf_folder
+from random_checkpoint import SHAPES, hf_folder
 
 CHILD = r"""
 import json, sys, time
@@ -71,11 +71,8 @@ def spread(values: list[float], digits: int = 1) -> str:
 
 
 def checkpoint(scratch: Path, shape: str, sparse: bool) -> Path:
-    folder = scratch / (shape + ("-sparse50" if sparse else ""))
-    if not (folder / "config.json").is_file():
-        print(f"writing {folder} ...", file=sys.stderr, flush=True)
-        write_hf_folder(shape, folder, sparsity="0.5" if sparse else "")
-    return folder
+    return hf_folder(shape, scratch / (shape + ("-sparse50" if sparse else "")),
+                     sparsity="0.5" if sparse else "")
 
 
 def main() -> None:

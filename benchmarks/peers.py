@@ -45,7 +45,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from random_checkpoint import write_gguf, write_hf_folder
+from random_checkpoint import hf_folder, write_gguf
 
 PROMPT, TTFT_PROMPT, DECODE, DECODE_PROMPT = 512, 128, 64, 8
 
@@ -195,11 +195,7 @@ def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_py
     needed = {PAIRS[p][0] for p in pairs} | ({"dense"} if peers else set())  # peers: dense
     for variant, sparsity in (("dense", ""), ("sparse50", "0.5")):
         if variant in needed:
-            folder = scratch / f"{shape}-{variant}"
-            if not (folder / "config.json").exists():
-                print(f"writing {folder}", file=sys.stderr)
-                write_hf_folder(shape, folder, sparsity)
-            folders[variant] = folder
+            folders[variant] = hf_folder(shape, scratch / f"{shape}-{variant}", sparsity)
     runs = {}
     for pair in pairs:
         variant, llama_type, ov_format = PAIRS[pair]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import struct
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,14 @@ def prune(v: np.ndarray, sparsity: str) -> np.ndarray:
         np.put_along_axis(groups, np.argsort(np.abs(groups), axis=1)[:, : m - n], 0, axis=1)
         return groups.reshape(v.shape)
     return np.where(np.abs(v) < np.quantile(np.abs(_POOL[: 1 << 20]), float(sparsity)), 0, v)
+
+
+def hf_folder(shape_name: str, out: Path, sparsity: str = "") -> Path:
+    """`out`, written by write_hf_folder first if it holds no checkpoint yet."""
+    if not (out / "config.json").is_file():
+        print(f"writing {out}", file=sys.stderr, flush=True)
+        write_hf_folder(shape_name, out, sparsity)
+    return out
 
 
 def write_hf_folder(shape_name: str, out: Path, sparsity: str = "") -> Path:

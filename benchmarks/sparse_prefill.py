@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from random_checkpoint import write_hf_folder
+from random_checkpoint import hf_folder
 
 from sparsellm.kernels.formats import FORMATS, dense_twin, parse_format
 from sparsellm.kernels.layouts import Sparsity
@@ -50,14 +50,6 @@ print(json.dumps(PROMPT / best))
 VARIANTS = {Sparsity.BITMASK: ("sparse50", "0.5"), Sparsity.TWO_FOUR: ("sparse24", "2:4")}
 
 
-def folder(scratch: Path, shape: str, name: str, sparsity: str) -> Path:
-    out = scratch / f"{shape}-{name}"
-    if not (out / "config.json").exists():
-        print(f"writing {out}", file=sys.stderr)
-        write_hf_folder(shape, out, sparsity)
-    return out
-
-
 def prefill_tok_s(path: Path, fmt: str) -> float:
     out = subprocess.run([sys.executable, "-c", CHILD, str(path), fmt], capture_output=True,
                          text=True)
@@ -75,11 +67,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     args.scratch.mkdir(parents=True, exist_ok=True)
-    dense = folder(args.scratch, args.shape, "dense", "")
+    dense = hf_folder(args.shape, args.scratch / f"{args.shape}-dense")
     runs = []  # (sparse format, its folder)
     for fmt in args.formats:
         name, sparsity = VARIANTS[parse_format(fmt).sparsity]
-        runs.append((fmt, folder(args.scratch, args.shape, name, sparsity)))
+        runs.append((fmt, hf_folder(args.shape, args.scratch / f"{args.shape}-{name}", sparsity)))
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
         for fmt, path in runs:

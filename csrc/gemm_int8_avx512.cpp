@@ -44,6 +44,9 @@ int64_t dot_period(const Weight& w) {
   return fmt_traits(w.fmt).grouped ? w.group : w.act_int8 ? 0 : kInt8ActGroup;
 }
 
+// The weight's scales per row: one per int4 group, else one.
+int64_t scale_groups(const Weight& w) { return fmt_traits(w.fmt).grouped ? w.kp / w.group : 1; }
+
 // Row streams: begin(i, row) starts slot i on a weight row, next(i, k) returns its signed
 // values at columns [k, k + 64) (called for k = 0, 64, ... in order).
 struct NoRows {  // Fmt::I8_R16 is stored as blocks already (expand() copies them)
@@ -331,7 +334,7 @@ template <int E, Scales S, class Rows>
 void gemm_rows(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
                Rows& rows, Expanded& ex) {
   const int64_t kp = w.kp;
-  const Plan pl{kp, E ? kp / E : 1, fmt_traits(w.fmt).grouped ? kp / w.group : 1};
+  const Plan pl{kp, E ? kp / E : 1, scale_groups(w)};
   for (int64_t ra = r0; ra < r1; ra += kExpandRows) {
     const int64_t rz = std::min(r1, ra + kExpandRows);
     expand(w, pl, rows, ra, rz, ex);
@@ -346,7 +349,7 @@ void gemm_format(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int6
   if (!period) return gemm_rows<0, Scales::kRowToken>(w, a, y, ldy, r0, r1, rows, ex);
   with_group(int(period), [&](auto g) {
     constexpr int E = decltype(g)::value;
-    if (!fmt_traits(w.fmt).grouped)  // weight-only int8
+    if (scale_groups(w) == 1)  // weight-only int8: per-row scales
       return gemm_rows<E, Scales::kRowGroup>(w, a, y, ldy, r0, r1, rows, ex);
     w.act_int8 ? gemm_rows<E, Scales::kGroupToken>(w, a, y, ldy, r0, r1, rows, ex)
                : gemm_rows<E, Scales::kGroupGroup>(w, a, y, ldy, r0, r1, rows, ex);
@@ -361,7 +364,7 @@ void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_
                int64_t r1) {
   thread_local Expanded ex;
   const int64_t kp = w.kp, nb = kExpandRows / kRowBlock16;
-  const int64_t periods = kp / 32, groups = fmt_traits(w.fmt).grouped ? kp / w.group : 1;
+  const int64_t periods = kp / 32, groups = scale_groups(w);
   if (int64_t(ex.blocks.size()) < nb * kRowBlock16 * kp) ex.blocks.resize(size_t(nb * kRowBlock16 * kp));
   if (int64_t(ex.start.size()) < nb * periods * 16) ex.start.resize(size_t(nb * periods * 16));
   if (int64_t(ex.scale.size()) < nb * groups * 16) ex.scale.resize(size_t(nb * groups * 16));

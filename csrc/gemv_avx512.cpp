@@ -291,10 +291,11 @@ void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
 
 
 // Dense int4 with int8 activations (W4A8), VNNI. Two 16-byte blocks (64 columns) become 64
-// unsigned bytes in column order (i4_columns64, four instructions); vpdpbusd adds each token's 4-column products into 16 int32 lanes, exact over a group, which
-// are converted and scaled at the group's end (per 64 columns when G == 32: lanes 0-7 and 8-15
-// are different groups). The zero points' share, sum_g s_g z_g (group sum of xq), is
-// subtracted once per row and token (Acts::gsum).
+// unsigned bytes in column order (i4_columns64, four instructions); vpdpbusd adds each token's
+// 4-column products into 16 int32 lanes, exact over a group, which are converted and scaled
+// at the group's end (per 64 columns when G == 32: lanes 0-7 and 8-15 are different groups).
+// The zero points' share, sum_g s_g z_g (group sum of xq), is subtracted once per row and
+// token (Acts::gsum).
 namespace {
 template <bool Asym, int G>
 void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
