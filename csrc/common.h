@@ -22,8 +22,9 @@ namespace sl {
 // ISA selection (cpu.cpp; threads: threads.h)
 // ---------------------------------------------------------------------------------------------
 // Avx512 adds the W8A8, dense int4 (W4A16, W4A8) and sparse int4 kernels of gemv_avx512.cpp,
-// the GEMM of gemm_avx512.cpp and the row decoders of decode_avx512.cpp to the AVX2 set (every
-// other kernel stays AVX2 there); it implies AVX2.
+// weight-only int8 (dense, bitmask) and bitmask fp32 of gemv_float_avx512.cpp, the GEMMs of
+// gemm_avx512.cpp / gemm_int8_avx512.cpp and the row decoders of decode_avx512.cpp to the AVX2
+// set (every other kernel stays AVX2 there); it implies AVX2.
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
 bool cpu_supports_avx2();     // AVX2 + FMA + F16C + POPCNT, checked once with cpuid
@@ -185,6 +186,10 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 namespace avx512 {
 void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out);
 void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
+// Weights widened to fp32 against fp32 activations (gemv_float_avx512.cpp).
+void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
                 int64_t k, float* Y, int64_t ldy);
 void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
@@ -279,7 +284,7 @@ inline constexpr FmtTraits kFmtTraits[] = {
    {{scalar::gemv_bf16}, {avx2::gemv_bf16}, {}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_bf16},
   {Fmt::I8, "I8", 8, false, Sparsity::Dense, false, false,
-   {{scalar::gemv_i8}, {avx2::gemv_i8}, {}, kGemvMaxTokensF32}, {},
+   {{scalar::gemv_i8}, {avx2::gemv_i8}, {avx512::gemv_i8}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_i8},
   {Fmt::I4, "I4", 4, false, Sparsity::Dense, true, true,
    {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums}, {avx512::gemv_i4},
@@ -288,10 +293,10 @@ inline constexpr FmtTraits kFmtTraits[] = {
     kGemvMaxTokensI4A8, kGemvMaxTokensVnni},
    scalar::decode_rows_i4},
   {Fmt::SP_F32, "SP_F32", 32, true, Sparsity::Bitmask, false, false,
-   {{scalar::gemv_sp_f32}, {avx2::gemv_sp_f32}, {}, kGemvMaxTokensF32}, {},
+   {{scalar::gemv_sp_f32}, {avx2::gemv_sp_f32}, {avx512::gemv_sp_f32}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_sp_f32, avx512::decode_rows_sp_f32},
   {Fmt::SP_I8, "SP_I8", 8, false, Sparsity::Bitmask, false, false,
-   {{scalar::gemv_sp_i8}, {avx2::gemv_sp_i8}, {}, kGemvMaxTokensF32},
+   {{scalar::gemv_sp_i8}, {avx2::gemv_sp_i8}, {avx512::gemv_sp_i8}, kGemvMaxTokensF32},
    {{scalar::gemv_sp_i8a8}, {avx2::gemv_sp_i8a8}, {avx512::gemv_sp_i8a8}, kGemvAlways,
     kGemvMaxTokensSparseW8A8Vnni},
    scalar::decode_rows_sp_i8, avx512::decode_rows_sp_i8},
