@@ -198,6 +198,14 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+// The bitmask fp32 GEMM of prefill (gemm_sparse_avx512.cpp), kept weights only:
+// transpose_tokens lays x (T, kp) out k-major in tiles of kSparseTile tokens, xt
+// (ceil(T / kSparseTile), kp, kSparseTile), lanes past T zero; sp_f32_gemm computes
+// y[t * ldy + r] for rows [r0, r1) from it.
+constexpr int64_t kSparseTile = 128;
+void transpose_tokens(const float* x, int64_t T, int64_t kp, float* xt);
+void sp_f32_gemm(const Weight& w, const float* xt, int64_t T, float* y, int64_t ldy, int64_t r0,
+                 int64_t r1);
 // The int8 GEMM of prefill (gemm_int8_avx512.cpp) for every integer format (int8_gemm_runs;
 // weight-only ones for prompts): y[t * ldy + r] for rows [r0, r1), r0 a multiple of 32.
 bool int8_gemm_runs(const Weight& w);

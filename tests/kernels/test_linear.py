@@ -267,6 +267,21 @@ def test_gemm_over_several_panels_and_k_blocks(isa, rng, fmt, prompt):
     np.testing.assert_array_equal(kernels.linear(x[::-1].copy(), p, prompt=prompt)[::-1], y)
 
 
+def test_sparse_fp32_gemm_over_token_tiles(isa, rng):
+    """From 64 tokens, bitmask fp32 on AVX-512 multiplies only the kept weights, in tiles of up
+    to 128 tokens split near-equally (300: 3 of 100), rows in runs of 64: against the NumPy
+    twin, and each token's result is the same whatever tokens share the call."""
+    shape = (150, 700)
+    w, mask = random_weight(rng, shape, "sparse_fp32")
+    p = kernels.pack(w, "sparse_fp32", mask)
+    x = rng.standard_normal((300, shape[1])).astype(np.float32)
+    y = kernels.linear(x, p)
+    np.testing.assert_allclose(y, ref.linear_as_run(x, p, False), **tolerance("sparse_fp32"))
+    for T in (64, 100, 129, 256):
+        np.testing.assert_array_equal(kernels.linear(x[:T], p), y[:T], err_msg=f"T={T} {isa}")
+    np.testing.assert_array_equal(kernels.linear(x[::-1].copy(), p)[::-1], y)
+
+
 @pytest.mark.parametrize("fmt", [f for f in GEMM_FORMATS if not parse_format(f).act_int8])
 @pytest.mark.parametrize("prompt", [False, True])
 def test_gemm_panels_hold_exactly_the_dequantized_weights(isa, rng, fmt, prompt):
@@ -284,7 +299,7 @@ def test_gemm_panels_hold_exactly_the_dequantized_weights(isa, rng, fmt, prompt)
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int8_a8", "int4_g32_asym_a8",
-                                 "sparse_int8_a8", "sparse_int4_g64", "2:4_int8_a8"])
+                                 "sparse_fp32", "sparse_int8_a8", "sparse_int4_g64", "2:4_int8_a8"])
 def test_multithreaded_rows_and_panels(isa, rng, fmt):
     # Large enough that GEMV and GEMM run in parallel regions (small ones stay serial).
     shape = (515, 256)
@@ -293,7 +308,7 @@ def test_multithreaded_rows_and_panels(isa, rng, fmt):
     saved = kernels.get_num_threads()
     try:
         kernels.set_num_threads(2)
-        for T in (1, 5, 20, 40):
+        for T in (1, 5, 20, 40, 70):
             x = rng.standard_normal((T, shape[1])).astype(np.float32)
             for prompt in (False, True):
                 np.testing.assert_allclose(kernels.linear(x, p, prompt=prompt),
