@@ -38,7 +38,6 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(panel, size_t(num_threads() * kPanelRows * kp));
   grow(xu, size_t(T * kp));
   grow(xgscale, size_t(T * kp / 32));
-  grow(xt, size_t((T + avx512::kSparseTile - 1) / avx512::kSparseTile * avx512::kSparseTile * kp));
 }
 
 // Below this many weight x token products a parallel region costs more than it saves (fork/join
@@ -153,6 +152,9 @@ constexpr int64_t kSparseF32GemmMinTokens = 64;
 static void sparse_f32_gemm(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y,
                             int64_t ldy, LinearScratch& s) {
   prepare(x, T, ldx, w.cols, w.kp, false, s);
+  const int64_t tiles = (T + avx512::kSparseTile - 1) / avx512::kSparseTile;
+  if (s.xt.size() < size_t(tiles * avx512::kSparseTile * w.kp))  // bitmask fp32 models only
+    s.xt.resize(size_t(tiles * avx512::kSparseTile * w.kp));
   avx512::transpose_tokens(s.xpad.data(), T, w.kp, s.xt.data());
   constexpr int64_t kUnit = 32;
   parallel_for((w.rows + kUnit - 1) / kUnit, w.rows * w.kp * T >= 16 * kMinParallelWork,

@@ -20,7 +20,7 @@ struct LinearScratch {
   AlignedVector<float> panel;   // (threads, kPanelRows, kp) decoded weight rows
   AlignedVector<uint8_t> xu;    // (T, kp) int8 GEMM activations + 128 (GemmActs)
   AlignedVector<float> xgscale; // (T, kp/32) their scales per group (weight-only formats)
-  AlignedVector<float> xt;      // x k-major in tiles of tokens (avx512::transpose_tokens)
+  AlignedVector<float> xt;      // x k-major in token tiles (transpose_tokens; sized on first use)
   // A prompt chunk: above the GEMV's limit, weight-only int4 may quantize activations for the
   // int8 GEMM. Off (batched decode, speculative verification), it takes the fp32 GEMM,
   // whose results differ from the GEMV's by rounding only, so verified tokens are the ones

@@ -31,12 +31,13 @@ from .weights import (
 
 logger = logging.getLogger(__name__)
 
-# Prompt tokens per native step. The GEMM and the W8A8 kernels amortize each weight panel over
-# the chunk's tokens: TinyLlama-1.1B 512-token prefill, bf16 92 tok/s in 64-token chunks, 108 in
-# 128, 118 in 256, 120 in 512 (int4_g32 100 -> 119 at 256, 50%-sparse int8_a8 276 -> 318). A
-# prompt is prefilled in one call whatever the chunk, so it changes no scheduling, only the
-# step's scratch (activations for that many tokens).
-DEFAULT_PROMPT_CHUNK = 256
+# Prompt tokens per native step. The GEMMs amortize each weight panel (expanded block) over the
+# chunk's tokens: TinyLlama-1.1B 512-token prefill, bf16 92 tok/s in 64-token chunks, 108 in
+# 128, 118 in 256, 120 in 512; with the int8 GEMM, 256 -> 512: int8_a8 428 -> 446, int8 373 ->
+# 383, int4_g32 320 -> 332. A prompt is prefilled in one call whatever the chunk, so it
+# changes no scheduling, only the step's scratch (activations for that many tokens: ~75 MB at
+# TinyLlama's shape, ~145 MB at Llama-2-7B's, half that at 256).
+DEFAULT_PROMPT_CHUNK = 512
 BACKENDS = ("native", "numpy")
 # KV-cache element types: fp16 halves the cache's memory and the bytes attention reads per
 # step (llama.cpp's default); int8 quarters them (each token's key or value per KV head is
