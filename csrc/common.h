@@ -21,10 +21,11 @@ namespace sl {
 // ---------------------------------------------------------------------------------------------
 // ISA selection (cpu.cpp; threads: threads.h)
 // ---------------------------------------------------------------------------------------------
-// Avx512 adds the W8A8, dense int4 (W4A16, W4A8) and sparse int4 kernels of gemv_avx512.cpp,
-// weight-only int8 (dense, bitmask) and bitmask fp32 of gemv_float_avx512.cpp, the GEMMs of
-// gemm_avx512.cpp / gemm_int8_avx512.cpp and the row decoders of decode_avx512.cpp to the AVX2
-// set (every other kernel stays AVX2 there); it implies AVX2.
+// Avx512 adds the W8A8 (dense, bitmask, 2:4), dense int4 (W4A16, W4A8) and sparse int4 kernels
+// of gemv_avx512.cpp, weight-only int8 (dense, bitmask, 2:4) and bitmask fp32 of
+// gemv_float_avx512.cpp, the GEMMs of gemm_avx512.cpp / gemm_int8_avx512.cpp /
+// gemm_sparse_avx512.cpp and the row decoders of decode_avx512.cpp to the AVX2 set (every
+// other kernel stays AVX2 there); it implies AVX2.
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
 bool cpu_supports_avx2();     // AVX2 + FMA + F16C + POPCNT, checked once with cpuid
@@ -190,12 +191,14 @@ void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
 void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gemv_s24_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
                 int64_t k, float* Y, int64_t ldy);
 void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 // The bitmask fp32 GEMM of prefill (gemm_sparse_avx512.cpp), kept weights only:
@@ -314,8 +317,9 @@ inline constexpr FmtTraits kFmtTraits[] = {
     kGemvAlways, kGemvMaxTokensVnni},
    scalar::decode_rows_sp_i4},
   {Fmt::S24_I8, "S24_I8", 8, false, Sparsity::TwoFour, false, false,
-   {{scalar::gemv_s24_i8}, {avx2::gemv_s24_i8}, {}, kGemvMaxTokensF32},
-   {{scalar::gemv_s24_i8a8}, {avx2::gemv_s24_i8a8}, {}, kGemvAlways, kGemvMaxTokensVnni},
+   {{scalar::gemv_s24_i8}, {avx2::gemv_s24_i8}, {avx512::gemv_s24_i8}, kGemvMaxTokensF32},
+   {{scalar::gemv_s24_i8a8}, {avx2::gemv_s24_i8a8}, {avx512::gemv_s24_i8a8}, kGemvAlways,
+    kGemvMaxTokensVnni},
    scalar::decode_rows_s24_i8},
   {Fmt::I8_R16, "I8_R16", 8, false, Sparsity::Dense, false, false,
    {},

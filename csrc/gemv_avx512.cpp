@@ -1,6 +1,6 @@
-// W8A8 GEMV with AVX-512 VNNI, its bitmask-sparse twin with VBMI2, and bitmask-sparse int4
-// with VBMI (compiled with those flags; only called when cpu.cpp found AVX512F/BW/VL/VNNI/VBMI/
-// VBMI2).
+// W8A8 GEMV with AVX-512 VNNI, its bitmask-sparse twin with VBMI2 and 2:4 twin with VBMI, and
+// bitmask-sparse int4 with VBMI (compiled with those flags; only called when cpu.cpp found
+// AVX512F/BW/VL/VNNI/VBMI/VBMI2).
 //
 // vpdpbusd multiplies 64 unsigned by 64 signed bytes and adds each group of 4 products into 16
 // int32 lanes: one instruction per 64 weights per token, against 8 for the AVX2 sign/maddubs
@@ -397,6 +397,68 @@ void sp_i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
   with_group(w.group, [&](auto g) { sp_i4a8_rows<decltype(g)::value>(w, a, y, ldy, r0, r1); });
+}
+
+
+// 2:4 W8A8 (Fmt::S24_I8, layout in gemv_sparse.cpp), VNNI, two 64-column blocks per step: the
+// 64 values multiply as they are stored (signed), and each token's activations are gathered to
+// them with one vpermt2b over its 128 columns (as unsigned bytes, xq + 128), indexed by the
+// blocks' selectors (vpmultishiftqb reads value i's out of its block's meta word) plus the
+// value's group and chunk. The unsigned side's offset adds 128 * sum(w) to the dot, subtracted
+// once per row. Exact int32 dots: the bits of the scalar and AVX2 kernels, for a third of the
+// AVX2 kernel's instructions (its pshufb gather and int16 widening per token).
+namespace {
+struct S24Gather {
+  alignas(64) uint8_t shift[64] = {}, base[64] = {};
+  constexpr S24Gather() {
+    for (int p = 0; p < 64; ++p) {
+      const int i = p % 32, s = i / 8, b = i % 8;  // value 8s + b of block p / 32
+      shift[p] = uint8_t(8 * b + 2 * s);           // its selector's bit in the meta word
+      base[p] = uint8_t(64 * (p / 32) + 16 * kSlotChunk[s] + 4 * (b / 2));
+    }
+  }
+};
+constexpr S24Gather kS24Gather{};
+}  // namespace
+
+void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
+                   int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  const int64_t kp = w.kp, nb = kp / 64;
+  for_rows_and_tiles<kMaxNT>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m512i offset = _mm512_set1_epi8(char(0x80)), ones = _mm512_set1_epi8(1);
+    const __m512i shift = _mm512_load_si512(kS24Gather.shift);
+    const __m512i base = _mm512_load_si512(kS24Gather.base);
+    const int8_t* v = V + r * (kp / 2);
+    const uint64_t* meta = w.meta + r * nb;
+    const int8_t* xq = a.xq + t0 * kp;
+    __m512i acc[NT], wsum = _mm512_setzero_si512();
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_si512();
+    for (int64_t blk = 0; blk < nb; blk += 2) {
+      const bool pair = blk + 1 < nb;  // else the row's last block alone: zeros above it
+      prefetch_ahead(v + blk * 32);
+      const __m512i wv = pair ? _mm512_loadu_si512(v + blk * 32)
+                              : _mm512_maskz_loadu_epi8(0xffffffffull, v + blk * 32);
+      const __m512i m = _mm512_inserti64x4(_mm512_set1_epi64(int64_t(meta[blk])),
+                                           _mm256_set1_epi64x(pair ? int64_t(meta[blk + 1]) : 0),
+                                           1);
+      const __m512i idx = _mm512_add_epi8(
+          _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, m), _mm512_set1_epi8(3)), base);
+      wsum = _mm512_dpbusd_epi32(wsum, ones, wv);
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* x = xq + t * kp + blk * 64;
+        const __m512i lo = _mm512_xor_si512(_mm512_loadu_si512(x), offset);
+        const __m512i hi = pair ? _mm512_xor_si512(_mm512_loadu_si512(x + 64), offset) : offset;
+        acc[t] = _mm512_dpbusd_epi32(acc[t], _mm512_permutex2var_epi8(lo, idx, hi), wv);
+      }
+    }
+    const int32_t off = 128 * _mm512_reduce_add_epi32(wsum);
+    for (int t = 0; t < NT; ++t) {
+      const int32_t dot = _mm512_reduce_add_epi32(acc[t]) - off;
+      y[(t0 + t) * ldy + r] = float(dot) * (a.xscale[t0 + t] * w.scale[r]);
+    }
+  });
 }
 
 }  // namespace sl::avx512

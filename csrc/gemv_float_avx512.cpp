@@ -1,5 +1,5 @@
-// GEMVs on fp32 activations whose weights widen to fp32, AVX-512 (F, BW, VBMI2): weight-only
-// int8 (W8A16), dense and bitmask-sparse, and bitmask-sparse fp32.
+// GEMVs on fp32 activations whose weights widen to fp32, AVX-512 (F, BW, VBMI, VBMI2):
+// weight-only int8 (W8A16), dense, bitmask- and 2:4-sparse, and bitmask-sparse fp32.
 //
 // A row is walked 64 columns at a time: the step yields four 16-lane fp32 weight vectors
 // (int8: one widening vpmovsxbd and one conversion per 16; bitmask: the 64-bit mask word's
@@ -104,6 +104,68 @@ void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t 
       m += 8;
     };
   }, no_scale);
+}
+
+// 2:4 int8 (Fmt::S24_I8, layout in gemv_sparse.cpp): its 32 values per 64 columns widen to fp32
+// as stored, and each token's activations are gathered to them, 16 at a time with a vpermt2ps
+// over the two 16-column chunks a pair of slots holds (slots 0 and 1: chunks 0 and 2; slots 2
+// and 3: chunks 1 and 3), indexed by the selectors (vpmultishiftqb) plus the value's group.
+// Half the conversions of expanding to 64 columns first.
+namespace {
+struct S24Index {
+  alignas(32) uint8_t shift[32] = {}, base[32] = {};
+  constexpr S24Index() {
+    for (int i = 0; i < 32; ++i) {
+      const int s = i / 8, b = i % 8;
+      shift[i] = uint8_t(8 * b + 2 * s);  // value i's selector's bit in the meta word
+      base[i] = uint8_t(16 * (s % 2) + 4 * (b / 2));
+    }
+  }
+};
+constexpr S24Index kS24Index{};
+constexpr int kMaxNTS24 = 5;  // 4 accumulators per token, as widen_rows
+}  // namespace
+
+void gemv_s24_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  const int64_t kp = w.kp, nb = kp / 64;
+  const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
+    constexpr int NT = decltype(nt)::value;
+    const __m256i shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(kS24Index.shift));
+    const __m256i base = _mm256_load_si256(reinterpret_cast<const __m256i*>(kS24Index.base));
+    const int8_t* v = V + r * (kp / 2);
+    const uint64_t* meta = w.meta + r * nb;
+    const float* x0 = a.x + t0 * kp;
+    __m512 acc[NT][4];  // per token: slots 0-1 and 2-3, even and odd blocks
+    for (int t = 0; t < NT; ++t)
+      for (int i = 0; i < 4; ++i) acc[t][i] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      prefetch_ahead(v + blk * 32);
+      const __m256i idx8 = _mm256_add_epi8(
+          _mm256_and_si256(_mm256_multishift_epi64_epi8(shift, _mm256_set1_epi64x(int64_t(meta[blk]))),
+                           _mm256_set1_epi8(3)),
+          base);
+      const __m512i idx0 = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(idx8));
+      const __m512i idx1 = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(idx8, 1));
+      const __m512 w0 = widen16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + blk * 32)));
+      const __m512 w1 =
+          widen16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + blk * 32 + 16)));
+      const int p = 2 * int(blk & 1);
+      for (int t = 0; t < NT; ++t) {
+        const float* x = x0 + t * kp + blk * 64;
+        const __m512 g0 =
+            _mm512_permutex2var_ps(_mm512_loadu_ps(x), idx0, _mm512_loadu_ps(x + 32));
+        const __m512 g1 =
+            _mm512_permutex2var_ps(_mm512_loadu_ps(x + 16), idx1, _mm512_loadu_ps(x + 48));
+        acc[t][p] = _mm512_fmadd_ps(w0, g0, acc[t][p]);
+        acc[t][p + 1] = _mm512_fmadd_ps(w1, g1, acc[t][p + 1]);
+      }
+    }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(
+          _mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]))) * w.scale[r];
+  };
+  for_rows_and_tiles<kMaxNTS24>(r0, r1, a.T, row);
 }
 
 }  // namespace sl::avx512
