@@ -176,50 +176,71 @@ struct Spread {
   }
 };
 constexpr Spread kSpread{};
-constexpr int kMaxNT4 = 8;  // tokens per tile of the sparse int4 kernels
+constexpr int kMaxNT4 = 8;  // tokens per tile of the int4 W4A8 kernels (one accumulator each)
+// ... of the int4 W4A16 ones: 4 accumulators per token + 4 weight vectors + 2 tables
+constexpr int kMaxNTI4 = 5;
 
 }  // namespace
 
 // Bitmask sparse int4 with fp32 activations (W4A16). Per 64-column mask word: the word's
-// nibbles are widened to bytes in stream order (word_nibbles), a vpexpandb moves them to their
-// columns (dropped columns get nibble 0, the value 0), and each 16-column chunk becomes fp32
-// through a 16-entry vpermps table holding the group's q * scale for the
-// 16 signed nibble values, indexed straight from the bytes (a vpermb puts byte i in dword i;
-// vpermps reads only an index's low 4 bits). ~28 instructions per 64 columns, 9 of them
-// shuffles (which bound it), against ~100 for the AVX2 kernel's per-byte shuffles and
-// conversions: 2.1x its speed at T == 1 (hot cache, 1 thread), 2.5x at T = 4. Reads up to 32
-// bytes past a row's last value (the values end with 64 bytes of padding).
-void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+// nibbles are widened to bytes in stream order, each in its byte's high half (nibbles_high), a
+// vpexpandb moves them to their columns (dropped columns get 0), and each 16-column chunk's
+// bytes go to the top bytes of 16 dwords with one zero-masking vpermb: a dword is then the
+// two's complement nibble q times 2^28, exactly, and one conversion and one multiply by the
+// group's scale (broadcast from memory) make it the weight times 2^28; the row's sum is scaled
+// back by 2^-28 at the end (exact: a power of two). One shuffle per 16 columns and no
+// per-group shuffles: a 16-entry vpermps table per group (scale folded in), indexed through a
+// vpermb, took 2 per chunk and 2 broadcasts per group, and shuffles bound the kernel
+// (TinyLlama-1.1B shapes out of cache, 2 threads, T == 1, weights per second: group 32 18 ->
+// 23.6 G; group 128, whose tables were rebuilt 4x less often, 26 -> 24).
+// Reads up to 32 bytes past a row's last value (the values end with 64 bytes of padding).
+namespace {
+// word_nibbles' bytes with each nibble in the high half: lane 0x00HL -> 0xH0L0.
+inline __m512i nibbles_high(const uint8_t* bytes) {
+  const __m512i w =
+      _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+  return _mm512_ternarylogic_epi64(_mm512_slli_epi16(w, 4), _mm512_slli_epi16(w, 8),
+                                   _mm512_set1_epi16(short(0xf0f0)), 0xa8);  // (a | b) & c
+}
+
+template <int G>
+void sp_i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
-  const int64_t kp = w.kp, kw = words_end(w), G = w.group, ng = kp / G;
+  const int64_t kp = w.kp, kw = words_end(w), ng = kp / G;
   const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
     constexpr int NT = decltype(nt)::value;
-    const __m512 signed_nibble =  // value of each nibble 0..15 as a two's complement int4
-        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
     const uint8_t* m = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
     const float* sc = w.scale + r * ng;
     const float* x = a.x + t0 * kp;
-    __m512 table = _mm512_setzero_ps();
-    __m512 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    __m512 acc[NT][4];  // one per 16-column chunk (one chain of 4 FMAs per word: 4x the latency)
+    for (int t = 0; t < NT; ++t)
+      for (int c = 0; c < 4; ++c) acc[t][c] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kw; k += 64) {
       uint64_t bits;
       std::memcpy(&bits, m + k / 8, 8);
-      const __m512i e = _mm512_maskz_expand_epi8(bits, word_nibbles(vals));
+      const __m512i e = _mm512_maskz_expand_epi8(bits, nibbles_high(vals));
       vals += sp_i4_word_bytes(__builtin_popcountll(bits));
       for (int c = 0; c < 4; ++c) {
         const int64_t col = k + 16 * c;
-        if ((col & (G - 1)) == 0) table = _mm512_mul_ps(signed_nibble, _mm512_set1_ps(sc[col / G]));
-        const __m512i q = _mm512_permutexvar_epi8(_mm512_load_si512(kSpread.idx[c]), e);
-        const __m512 wf = _mm512_permutexvar_ps(q, table);
+        const __m512i q = _mm512_maskz_permutexvar_epi8(0x8888888888888888ull,
+                                                        _mm512_load_si512(kSpread.idx[c]), e);
+        const __m512 wf = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(sc[col / G]));
         for (int t = 0; t < NT; ++t)
-          acc[t] = _mm512_fmadd_ps(wf, _mm512_loadu_ps(x + t * kp + col), acc[t]);
+          acc[t][c] = _mm512_fmadd_ps(wf, _mm512_loadu_ps(x + t * kp + col), acc[t][c]);
       }
     }
-    for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(acc[t]);
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(
+          _mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]))) *
+          0x1p-28f;
   };
-  for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, row);
+  for_rows_and_tiles<kMaxNTI4>(r0, r1, a.T, row);
+}
+}  // namespace
+
+void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  with_group(w.group, [&](auto g) { sp_i4_rows<decltype(g)::value>(w, a, y, ldy, r0, r1); });
 }
 
 
@@ -232,7 +253,6 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 // widen-convert-FMA chain, which bounded it below the DRAM stream (12 GB/s with 2 threads at
 // TinyLlama shapes). The group's scale and zero point live in the table, so no group sums.
 namespace {
-constexpr int kMaxNTI4 = 5;  // 4 accumulators per token + 4 weight vectors + 2 tables
 
 template <bool Asym, int G>
 void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
