@@ -177,7 +177,7 @@ struct Spread {
 };
 constexpr Spread kSpread{};
 constexpr int kMaxNT4 = 8;  // tokens per tile of the int4 W4A8 kernels (one accumulator each)
-// ... of the int4 W4A16 ones: 4 accumulators per token + 4 weight vectors + 2 tables
+// ... of the int4 W4A16 ones: 4 accumulators per token, 4 weight vectors (+ 2 tables, dense)
 constexpr int kMaxNTI4 = 5;
 
 }  // namespace
