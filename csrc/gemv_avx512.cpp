@@ -183,8 +183,8 @@ constexpr int kMaxNTI4 = 5;
 }  // namespace
 
 // Bitmask sparse int4 with fp32 activations (W4A16). Per 64-column mask word: the word's
-// nibbles are widened to bytes in stream order, each in its byte's high half (nibbles_high), a
-// vpexpandb moves them to their columns (dropped columns get 0), and each 16-column chunk's
+// nibbles are widened to bytes in stream order, each in its byte's high half
+// (word_nibbles << 4), a vpexpandb moves them to their columns (dropped columns get 0), and each 16-column chunk's
 // bytes go to the top bytes of 16 dwords with one zero-masking vpermb: a dword is then the
 // two's complement nibble q times 2^28, exactly, and one conversion and one multiply by the
 // group's scale (broadcast from memory) make it the weight times 2^28; the row's sum is scaled
@@ -195,14 +195,6 @@ constexpr int kMaxNTI4 = 5;
 // 23.6 G; group 128, whose tables were rebuilt 4x less often, 26 -> 24).
 // Reads up to 32 bytes past a row's last value (the values end with 64 bytes of padding).
 namespace {
-// word_nibbles' bytes with each nibble in the high half: lane 0x00HL -> 0xH0L0.
-inline __m512i nibbles_high(const uint8_t* bytes) {
-  const __m512i w =
-      _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
-  return _mm512_ternarylogic_epi64(_mm512_slli_epi16(w, 4), _mm512_slli_epi16(w, 8),
-                                   _mm512_set1_epi16(short(0xf0f0)), 0xa8);  // (a | b) & c
-}
-
 template <int G>
 void sp_i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
@@ -219,7 +211,8 @@ void sp_i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
     for (int64_t k = 0; k < kw; k += 64) {
       uint64_t bits;
       std::memcpy(&bits, m + k / 8, 8);
-      const __m512i e = _mm512_maskz_expand_epi8(bits, nibbles_high(vals));
+      const __m512i e =
+          _mm512_maskz_expand_epi8(bits, _mm512_slli_epi16(word_nibbles(vals), 4));
       vals += sp_i4_word_bytes(__builtin_popcountll(bits));
       for (int c = 0; c < 4; ++c) {
         const int64_t col = k + 16 * c;

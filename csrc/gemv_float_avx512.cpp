@@ -22,12 +22,14 @@ namespace {
 // speculative verification of 4 drafted tokens + 1 is one tile).
 constexpr int kMaxNT = 5;
 
-// y[t, r] = dot(W[r], x[t]) * scale(r) for rows [r0, r1): row64(r) returns the row's stream,
-// a callable filling w[4] with the fp32 weights of its next 64 columns.
-template <class Row64, class Scale>
+// y[t, r] = dot(W[r], x[t]) * scale[r] (integer values; fp32 ones: 1) for rows [r0, r1):
+// row64(r) returns the row's stream, a callable filling w[4] with the fp32 weights of its next
+// 64 columns.
+template <class Row64>
 inline void widen_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
-                       int64_t r1, Row64 row64, Scale scale) {
+                       int64_t r1, Row64 row64) {
   const int64_t kp = w.kp;
+  const bool scaled = !fmt_traits(w.fmt).is_float;
   const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
     constexpr int NT = decltype(nt)::value;
     auto next = row64(r);
@@ -42,7 +44,7 @@ inline void widen_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, in
         for (int i = 0; i < 4; ++i)
           acc[t][i] = _mm512_fmadd_ps(wf[i], _mm512_loadu_ps(x + t * kp + k + 16 * i), acc[t][i]);
     }
-    const float s = scale(r);
+    const float s = scaled ? w.scale[r] : 1.f;
     for (int t = 0; t < NT; ++t)
       y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(
           _mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]))) * s;
@@ -51,8 +53,6 @@ inline void widen_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, in
 }
 
 inline __m512 widen16(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
-
-constexpr auto no_scale = [](int64_t) { return 1.f; };
 }  // namespace
 
 void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -64,7 +64,7 @@ void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
         wf[i] = widen16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * i)));
       q += 64;
     };
-  }, [&](int64_t r) { return w.scale[r]; });
+  });
 }
 
 // The bitmask kernels read up to 63 bytes past a row's last value: the packed values end with
@@ -85,7 +85,7 @@ void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
       v += __builtin_popcountll(bits);
       m += 8;
     };
-  }, [&](int64_t r) { return w.scale[r]; });
+  });
 }
 
 void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -103,7 +103,7 @@ void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t 
       }
       m += 8;
     };
-  }, no_scale);
+  });
 }
 
 // 2:4 int8 (Fmt::S24_I8, layout in gemv_sparse.cpp): its 32 values per 64 columns widen to fp32
