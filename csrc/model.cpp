@@ -116,7 +116,7 @@ void NativeModel::attention_block(const LayerWeights& w, int64_t layer, const in
     }
 
   const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(hd));
-  const AttnShape s{T, H, KV, hd, cache.capacity, scale, window, cache.type};
+  const AttnShape s{T, H, KV, hd, cache.capacity, scale, window, cache.type, prompt_};
   attention(q_.data(), H * hd, kc, vc, slots, positions, s, att_.data(), H * hd, scores_);
   linear(w.o, att_.data(), T, H * hd, out, D, lin_);
   add_bias(out, w.bo, T, D);
@@ -150,9 +150,10 @@ void NativeModel::mlp_block(const LayerWeights& w, int64_t T, float* out) {
 
 void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int64_t* positions,
                           int64_t T, const KVCache& cache, const int64_t* logit_rows, int64_t R,
-                          float* out_logits, bool prompt) {
+                          float* out_logits, bool prompt, bool prompt_int8) {
   const ModelConfig& c = cfg_;
-  lin_.prompt = prompt;
+  prompt_ = prompt;
+  lin_.prompt = prompt && prompt_int8;
   if (T < 1 || T > c.max_tokens)
     throw std::out_of_range("forward: T=" + std::to_string(T) + " not in [1, max_tokens=" +
                             std::to_string(c.max_tokens) + "]");

@@ -76,11 +76,13 @@ class NativeModel {
   NativeModel(ModelConfig cfg, std::vector<LayerWeights> layers, OuterWeights outer);
 
   // tokens, slots, positions: (T,); logit_rows: (R,) indices into the T tokens;
-  // out_logits: (R, vocab). prompt: the tokens are a prompt chunk (LinearScratch::prompt).
+  // out_logits: (R, vocab). prompt: the tokens are prompt chunks, which take the prompt
+  // kernels: attention in blocks of queries (AttnShape::prompt) and, with prompt_int8, the int8
+  // GEMM on quantized activations for weight-only formats (LinearScratch::prompt).
   // Throws std::out_of_range on bad ids / positions / slots.
   void forward(const int64_t* tokens, const int64_t* slots, const int64_t* positions, int64_t T,
                const KVCache& cache, const int64_t* logit_rows, int64_t R, float* out_logits,
-               bool prompt = false);
+               bool prompt = false, bool prompt_int8 = true);
 
   const ModelConfig& config() const { return cfg_; }
   int64_t window(int64_t layer) const {
@@ -116,6 +118,7 @@ class NativeModel {
   AlignedVector<float> embed_row_;  // (embed.kp,)     one decoded embedding row
   AlignedVector<float> scores_;  // attention()'s scratch: scores, partial results (grown there)
   LinearScratch lin_;            // activations padding / quantization / decoded panels
+  bool prompt_ = false;          // this forward's tokens are prompt chunks
 };
 
 }  // namespace sl

@@ -440,7 +440,8 @@ PYBIND11_MODULE(_native, m) {
           "forward",
           [](PyModel& pm, const std::vector<int64_t>& tokens, const std::vector<int64_t>& slots,
              const std::vector<int64_t>& positions, py::array k_cache, py::array v_cache,
-             const std::vector<int64_t>& logit_rows, py::array out, bool prompt) {
+             const std::vector<int64_t>& logit_rows, py::array out, bool prompt,
+             bool prompt_int8) {
             const ModelConfig& c = pm.model->config();
             const int64_t T = tokens.size(), R = logit_rows.size();
             if (int64_t(slots.size()) != T || int64_t(positions.size()) != T)
@@ -461,11 +462,12 @@ PYBIND11_MODULE(_native, m) {
             std::lock_guard<std::mutex> lock(*pm.busy);  // one forward at a time per model
             ThreadScope scope(pm.threads);
             pm.model->forward(tokens.data(), slots.data(), positions.data(), T, kv,
-                              logit_rows.data(), R, op, prompt);
+                              logit_rows.data(), R, op, prompt, prompt_int8);
             pm.last_threads = scope.widest();
           },
           py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("k_cache"),
-          py::arg("v_cache"), py::arg("logit_rows"), py::arg("out"), py::arg("prompt") = false);
+          py::arg("v_cache"), py::arg("logit_rows"), py::arg("out"), py::arg("prompt") = false,
+          py::arg("prompt_int8") = true);
 
   m.def(
       "rms_norm",
@@ -557,7 +559,7 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "attention",
       [](py::array q, py::array k_cache, py::array v_cache, py::array slots, py::array positions,
-         float scale, int64_t window, py::array out) {
+         float scale, int64_t window, py::array out, bool prompt) {
         if (q.ndim() != 3 || k_cache.ndim() != 4 || v_cache.ndim() != 4)
           throw std::invalid_argument("attention: q (T,H,hd), caches (slots,KV,cap,row) expected");
         AttnShape s{q.shape(0), q.shape(1), k_cache.shape(1), q.shape(2), k_cache.shape(2), scale,
@@ -568,6 +570,7 @@ PYBIND11_MODULE(_native, m) {
         const float* qp = ptr_of<float>(q, "q");
         const KVCache kv = kv_cache_of(k_cache, v_cache, k_cache.shape(0), s.cap, s.hd);
         s.kv = kv.type;
+        s.prompt = prompt;
         const int64_t* sp = ptr_of<int64_t>(slots, "slots");
         const int64_t* pp = ptr_of<int64_t>(positions, "positions");
         for (int64_t t = 0; t < s.T; ++t)
@@ -578,7 +581,8 @@ PYBIND11_MODULE(_native, m) {
         attention(qp, s.H * s.hd, kv.k, kv.v, sp, pp, s, op, s.H * s.hd, tl_scores);
       },
       py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"),
-      py::arg("positions"), py::arg("scale"), py::arg("window"), py::arg("out"));
+      py::arg("positions"), py::arg("scale"), py::arg("window"), py::arg("out"),
+      py::arg("prompt") = false);
 
   m.def(
       "to_half",

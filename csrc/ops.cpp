@@ -203,10 +203,12 @@ static void merge_parts(const float* o, const MaxSum* ms, int64_t parts, int64_t
   for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
 }
 
+// A task per token and KV head (or part of its keys): steps that are not prompt chunks, and
+// what the blocked kernel does not take.
 template <typename KV>
-static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc,
-                         const int64_t* slots, const int64_t* pos, const AttnShape& s, float* out,
-                         int64_t ldo, AlignedVector<float>& scratch) {
+static void attention_tokens(const float* q, int64_t ldq, const KV* kc, const KV* vc,
+                             const int64_t* slots, const int64_t* pos, const AttnShape& s,
+                             float* out, int64_t ldo, AlignedVector<float>& scratch) {
   const auto attend = use_avx2() ? avx2::attend<KV> : scalar::attend<KV>;
   const int64_t nt = num_threads(), group = s.H / s.KV, groups = s.T * s.KV;
   const auto first_key = [&](int64_t t) {
@@ -291,6 +293,49 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
       merge_parts(o_parts + i * s.hd, ms_parts + i, parts, per_task, s.hd,
                   out + t * ldo + h * s.hd);
     }
+}
+
+// Prompt chunks on AVX-512 (AttnShape::prompt, avx512::attend_block): each run of consecutive
+// tokens of a sequence in blocks of kAttendBlockQueries, a task per block and KV head, handed
+// out from a shared counter, the blocks with the most keys first. A token's result depends on
+// its own keys only, not on its block (attention_avx512.cpp). Other steps, sliding windows and
+// head shapes the blocked kernel does not take: attention_tokens.
+template <typename KV>
+static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc,
+                         const int64_t* slots, const int64_t* pos, const AttnShape& s, float* out,
+                         int64_t ldo, AlignedVector<float>& scratch) {
+  const int64_t G = s.H / s.KV, Q = avx512::kAttendBlockQueries;
+  if (!s.prompt || !use_avx512() || s.window > 0 || s.hd % 16 || G > avx512::kAttendMaxGroup)
+    return attention_tokens(q, ldq, kc, vc, slots, pos, s, out, ldo, scratch);
+  std::vector<int64_t> starts, ends;  // blocks [starts[i], ends[i])
+  int64_t longest = 0;
+  for (int64_t a = 0, b; a < s.T; a = b) {
+    b = a + 1;  // the run [a, b): one slot, consecutive positions
+    while (b < s.T && slots[b] == slots[a] && pos[b] == pos[b - 1] + 1) ++b;
+    for (int64_t t = a; t < b; t += Q) {
+      starts.push_back(t);
+      ends.push_back(std::min(b, t + Q));
+    }
+    longest = std::max(longest, pos[b - 1] + 1);
+  }
+  const int64_t nb = int64_t(starts.size()), tasks = nb * s.KV;
+  const int64_t per_thread = (avx512::attend_block_floats(G, longest, s.hd) + 15) & ~int64_t(15);
+  std::vector<int64_t> order(static_cast<size_t>(nb));  // the blocks with the most keys first
+  for (int64_t i = 0; i < nb; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](int64_t x, int64_t y) { return pos[starts[x]] > pos[starts[y]]; });
+  if (int64_t(scratch.size()) < num_threads() * per_thread)
+    scratch.resize(size_t(num_threads() * per_thread));
+  std::atomic<int64_t> next{0};
+  parallel(tasks > 1, [&](int id, int) {
+    float* buf = scratch.data() + id * per_thread;
+    for (int64_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
+      const int64_t i = order[task / s.KV], h = task % s.KV;
+      const int64_t t0 = starts[i], kv = (slots[t0] * s.KV + h) * s.cap * kv_row<KV>(s.hd);
+      avx512::attend_block(q + t0 * ldq + h * G * s.hd, ldq, ends[i] - t0, G, kc + kv, vc + kv,
+                           pos[t0] + 1, s.hd, s.scale, buf, out + t0 * ldo + h * G * s.hd, ldo);
+    }
+  });
 }
 
 void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,

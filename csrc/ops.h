@@ -76,6 +76,11 @@ struct AttnShape {
   float scale;
   int64_t window;
   KvType kv = KvType::F32;
+  // The tokens are a prompt chunk: on AVX-512 each sequence's run of consecutive tokens takes
+  // the blocked kernel (avx512::attend_block), whose rounding differs from the per-token one's.
+  // Decode steps and speculative verification leave it off: their tokens keep the per-token
+  // kernel's bits whatever shares their step.
+  bool prompt = false;
 };
 void attention(const float* q, int64_t ldq, const void* kc, const void* vc, const int64_t* slots,
                const int64_t* pos, const AttnShape& s, float* out, int64_t ldo,
@@ -120,5 +125,17 @@ void swiglu(const float* g, const float* u, float* out, int64_t n);
 void softmax_inplace(float* x, int64_t n);
 MaxSum exp_inplace(float* x, int64_t n);
 }  // namespace avx2
+namespace avx512 {
+// Prefill attention (attention_avx512.cpp): nq <= kAttendBlockQueries consecutive tokens of one
+// sequence, q / out rows ldq / ldo apart, each with G <= kAttendMaxGroup query heads (hd a
+// multiple of 16) sharing the KV head whose keys and values start at K / V; token t of the
+// block sees keys [0, n0 + t). buf: attend_block_floats(G, n0 + nq - 1, hd) floats, 64-byte
+// aligned.
+constexpr int64_t kAttendBlockQueries = 16, kAttendMaxGroup = 16;
+int64_t attend_block_floats(int64_t G, int64_t keys, int64_t hd);
+template <typename KV>
+void attend_block(const float* q, int64_t ldq, int64_t nq, int64_t G, const KV* K, const KV* V,
+                  int64_t n0, int64_t hd, float scale, float* buf, float* out, int64_t ldo);
+}  // namespace avx512
 
 }  // namespace sl

@@ -35,6 +35,18 @@ def test_prefill_trim_reprefill_gives_same_logits(checkpoint, token_ids):
                                rtol=0)
 
 
+def test_prompt_chunking_does_not_change_prompt_logits(checkpoint, token_ids):
+    """A prompt's logits are the same bits whatever chunks it runs in (chunks above the GEMVs'
+    8 tokens: the GEMMs and the prompts' blocked attention are batch invariant)."""
+    ids = token_ids(50, seed=5)
+
+    def run(chunk):
+        engine = Engine(checkpoint, sequence_length=64, prompt_processing_sequence_length=chunk)
+        return engine.prefill(engine.add_sequence(), ids, all_logits=True)
+
+    np.testing.assert_array_equal(run(25), run(50))
+
+
 def test_decode_step_matches_prefill_logits(checkpoint, token_ids):
     ids = token_ids(20, seed=3)
     engine = Engine(checkpoint, sequence_length=32)

@@ -153,6 +153,32 @@ def test_attention_over_groups_of_heads(isa, rng, threads, H, KV, hd, dtype):
             kernels.attention(q, kc[..., :hd].copy(), vc[..., :hd].copy(), slots, pos, 0.1)
 
 
+@pytest.mark.parametrize("H, KV", [(9, 3), (8, 1), (4, 4)])
+@pytest.mark.parametrize("hd", [64, 80, 16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
+def test_prompt_attention_in_blocks_of_queries(isa, rng, threads, H, KV, hd, dtype):
+    """Prompt chunks (AVX-512: blocks of up to 16 consecutive queries of a sequence against its
+    keys): the reference's values, and each token's result bitwise the same whatever block,
+    chunk split or thread count it runs in."""
+    kc, vc, want_k, want_v = kv_caches(rng, (2, KV, 160, hd), dtype)
+    # sequence 1 from position 40 (37 tokens: blocks of 16, 16, 5), sequence 0 from 0 (20)
+    slots = np.array([1] * 37 + [0] * 20)
+    pos = np.concatenate([np.arange(40, 77), np.arange(20)])
+    q = rng.standard_normal((len(pos), H, hd)).astype(np.float32)
+    scale = hd ** -0.5
+    threads(2)
+    got = kernels.attention(q, kc, vc, slots, pos, scale, prompt=True)
+    np.testing.assert_allclose(got, ref.attention(q, want_k, want_v, slots, pos, scale),
+                               rtol=1e-5, atol=1e-5)
+    threads(1)
+    np.testing.assert_array_equal(kernels.attention(q, kc, vc, slots, pos, scale, prompt=True),
+                                  got)
+    for a, b in ((0, 17), (17, 37), (37, 57), (3, 4), (50, 52)):  # other blocks, single tokens
+        np.testing.assert_array_equal(
+            kernels.attention(q[a:b], kc, vc, slots[a:b], pos[a:b], scale, prompt=True),
+            got[a:b])
+
+
 @pytest.mark.parametrize("H, KV", [(9, 3), (8, 2), (4, 1)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
 @pytest.mark.parametrize("window", [0, 300])

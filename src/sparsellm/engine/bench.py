@@ -52,7 +52,7 @@ def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, fl
     tokens = rng.integers(0, 49152, prompt)
     zeros = np.zeros(prompt, np.int64)
     t0 = time.perf_counter()
-    model.forward(tokens, zeros, np.arange(prompt), k, v, np.array([prompt - 1]))
+    model.forward(tokens, zeros, np.arange(prompt), k, v, np.array([prompt - 1]), prompt=True)
     prefill = prompt / (time.perf_counter() - t0)
     one = np.zeros(1, np.int64)
     t0 = time.perf_counter()

@@ -77,7 +77,8 @@ class Engine:
     `prefill_int8` (on AVX-512): weight-only int4 and int8 formats process prompts with an int8
     GEMM on activations quantized per group of columns (int4: its weight group; int8: 32), as
     llama.cpp and OpenVINO do (3-4x faster prefill; decode and speculative verification keep
-    fp32 activations). False keeps fp32 activations there too.
+    fp32 activations). False keeps fp32 activations there too. (Prompts' attention runs in
+    blocks of 16 queries on AVX-512 either way: fp32, prefill's values up to rounding.)
 
     Weights the native runtime converts are cached: the first load writes them to
     `weights_cache` (True: $SPARSELLM_CACHE_DIR or ~/.cache/sparsellm; a folder; False: off)
@@ -223,7 +224,7 @@ class Engine:
                 rows = np.arange(len(chunk))
             else:
                 rows = np.array([len(chunk) - 1] if last_chunk else [], dtype=np.int64)
-            logits = self.step([seq], [chunk], rows, prompt=self.prefill_int8)
+            logits = self.step([seq], [chunk], rows, prompt=True)
             if len(rows):
                 outs.append(logits)
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
@@ -237,9 +238,10 @@ class Engine:
         """One forward over several sequences, each extended by its own list of tokens.
 
         logit_rows index the flattened tokens; returns (len(logit_rows), vocab). prompt: the
-        tokens are prompt chunks (prefill with `prefill_int8`): weight-only int4 / int8 may then run
-        its GEMM on quantized activations (csrc/linear.h); decode steps and speculative
-        verification leave it off, so their logits are decode's up to rounding.
+        tokens are prompt chunks (prefill): on AVX-512 their attention runs in blocks of queries,
+        and with `prefill_int8` weight-only int4 / int8 run their GEMM on quantized activations
+        (csrc/linear.h). Decode steps and speculative verification leave it off: their logits do
+        not depend on what shares their step, and are prefill's up to rounding.
         """
         # Plain Python lists, turned into arrays once: run between two native steps, this code
         # finds the CPU caches flushed by the weight stream, where each NumPy call costs ~10 us.
@@ -255,7 +257,7 @@ class Engine:
         if flat and (min(flat) < 0 or max(flat) >= self.vocab_size):
             raise ValueError(f"token id out of range [0, {self.vocab_size})")
         logits = self.model.forward(flat, slots, positions, self.cache.k, self.cache.v,
-                                    logit_rows, prompt=prompt)
+                                    logit_rows, prompt=prompt, prompt_int8=self.prefill_int8)
         for s, ts in zip(seqs, tokens, strict=True):
             self.cache.append(s, len(ts))
         return logits

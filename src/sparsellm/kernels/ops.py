@@ -87,19 +87,22 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray,
-              positions: np.ndarray, scale: float, window: int | None = None) -> np.ndarray:
+              positions: np.ndarray, scale: float, window: int | None = None,
+              prompt: bool = False) -> np.ndarray:
     """Causal grouped-query attention of T query tokens over a KV cache.
 
     q: (T, H, hd); k_cache, v_cache: (slots, KV, capacity, hd), float32 or float16 (or int8
     rows of hd + 4, see reference.kv_int8_rows), holding
     positions 0..p of each sequence; token t (sequence slots[t], position positions[t]) attends
-    to keys 0..p (the last `window` of them with a sliding window) -> (T, H, hd).
+    to keys 0..p (the last `window` of them with a sliding window) -> (T, H, hd). prompt: the
+    tokens are prompt chunks, which on AVX-512 run in blocks of consecutive queries (the same
+    values up to rounding; each token's bits independent of its block).
     """
     q = _f32(q)
     out = np.empty_like(q)
     native().attention(q, k_cache, v_cache, np.ascontiguousarray(slots, dtype=np.int64),
                        np.ascontiguousarray(positions, dtype=np.int64), float(scale),
-                       int(window or 0), out)
+                       int(window or 0), out, bool(prompt))
     return out
 
 
