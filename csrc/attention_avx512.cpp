@@ -1,5 +1,6 @@
-// Prefill attention with AVX-512: a block of up to kQueries consecutive tokens of one sequence,
-// with the G query heads that share a KV head, against that head's keys as two small GEMMs.
+// Prompt attention with AVX-512: a block of up to kAttendBlockQueries consecutive tokens of one
+// sequence, with the G query heads that share a KV head, against that head's keys as two small
+// GEMMs.
 // The per-token kernel (ops_avx2.cpp attend) loads every key and value once per token; here
 // a block's m = tokens x G query rows share them:
 //   S = scale * Q K^T: the keys are first transposed (16 x 16 register blocks, converted from

@@ -126,7 +126,7 @@ void softmax_inplace(float* x, int64_t n);
 MaxSum exp_inplace(float* x, int64_t n);
 }  // namespace avx2
 namespace avx512 {
-// Prefill attention (attention_avx512.cpp): nq <= kAttendBlockQueries consecutive tokens of one
+// Prompt attention (attention_avx512.cpp): nq <= kAttendBlockQueries consecutive tokens of one
 // sequence, q / out rows ldq / ldo apart, each with G <= kAttendMaxGroup query heads (hd a
 // multiple of 16) sharing the KV head whose keys and values start at K / V; token t of the
 // block sees keys [0, n0 + t). buf: attend_block_floats(G, n0 + nq - 1, hd) floats, 64-byte
