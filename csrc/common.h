@@ -111,6 +111,11 @@ inline const int8_t* r16_block(const Weight& w, int64_t b) {
 // 2:4 (S24_I8) value order inside a 64-column block: slot s holds the kept values of the
 // 16-column chunk kSlotChunk[s] (see gemv_sparse.cpp; the AVX2 kernel gathers x by it).
 constexpr int kSlotChunk[4] = {0, 2, 1, 3};
+// Value i = 8s + b of a block (the b-th kept value of slot s): its 2-bit selector is at bit
+// s24_selector_bit(i) of the block's meta word, and it sits in column s24_group_column(i) +
+// selector (its group's first column plus the selector).
+constexpr int s24_selector_bit(int i) { return 8 * (i % 8) + 2 * (i / 8); }
+constexpr int s24_group_column(int i) { return 16 * kSlotChunk[i / 8] + 4 * (i % 8 / 2); }
 
 // Bitmask int4 (SP_I4): the nibbles of each 64-column mask word start on a byte, so a walk
 // over a row's nibble stream rounds its index p up to even at every word, and a word of n

@@ -130,8 +130,8 @@ struct S24Tables {
     for (int p = 0; p < 64; ++p) {
       const int c = p / 16, j = p % 16, slot = kSlotChunk[c], m = j / 4;
       arrange[p] = uint8_t(j < 8 ? 8 * slot + j : 0);
-      sel0[p] = uint8_t(8 * (2 * m) + 2 * slot);  // bit offset of value 2m's selector
-      sel1[p] = uint8_t(8 * (2 * m + 1) + 2 * slot);
+      sel0[p] = uint8_t(s24_selector_bit(8 * slot + 2 * m));  // value 2m's selector
+      sel1[p] = uint8_t(s24_selector_bit(8 * slot + 2 * m + 1));
       idx0[p] = uint8_t(2 * m);
       idx1[p] = uint8_t(2 * m + 1);
       col[p] = uint8_t(j % 4);

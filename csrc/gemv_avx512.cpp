@@ -224,9 +224,7 @@ void sp_i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
       }
     }
     for (int t = 0; t < NT; ++t)
-      y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(
-          _mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]))) *
-          0x1p-28f;
+      y[(t0 + t) * ldy + r] = reduce_add4(acc[t]) * 0x1p-28f;
   };
   for_rows_and_tiles<kMaxNTI4>(r0, r1, a.T, row);
 }
@@ -287,8 +285,7 @@ void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
           acc[t][i] = _mm512_fmadd_ps(wf[i], _mm512_loadu_ps(x + t * kp + k + 16 * i), acc[t][i]);
     }
     for (int t = 0; t < NT; ++t)
-      y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(
-          _mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3])));
+      y[(t0 + t) * ldy + r] = reduce_add4(acc[t]);
   };
   for_rows_and_tiles<kMaxNTI4>(r0, r1, a.T, row);
 }
@@ -425,9 +422,9 @@ struct S24Gather {
   alignas(64) uint8_t shift[64] = {}, base[64] = {};
   constexpr S24Gather() {
     for (int p = 0; p < 64; ++p) {
-      const int i = p % 32, s = i / 8, b = i % 8;  // value 8s + b of block p / 32
-      shift[p] = uint8_t(8 * b + 2 * s);           // its selector's bit in the meta word
-      base[p] = uint8_t(64 * (p / 32) + 16 * kSlotChunk[s] + 4 * (b / 2));
+      const int i = p % 32;  // value i of block p / 32
+      shift[p] = uint8_t(s24_selector_bit(i));
+      base[p] = uint8_t(64 * (p / 32) + s24_group_column(i));
     }
   }
 };

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "common.h"
+#include "simd_avx512.h"
 #include "tiles.h"
 
 namespace sl::avx512 {
@@ -46,8 +47,7 @@ inline void widen_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, in
     }
     const float s = scaled ? w.scale[r] : 1.f;
     for (int t = 0; t < NT; ++t)
-      y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(
-          _mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]))) * s;
+      y[(t0 + t) * ldy + r] = reduce_add4(acc[t]) * s;
   };
   for_rows_and_tiles<kMaxNT>(r0, r1, a.T, row);
 }
@@ -117,7 +117,7 @@ struct S24Index {
   constexpr S24Index() {
     for (int i = 0; i < 32; ++i) {
       const int s = i / 8, b = i % 8;
-      shift[i] = uint8_t(8 * b + 2 * s);  // value i's selector's bit in the meta word
+      shift[i] = uint8_t(s24_selector_bit(i));
       base[i] = uint8_t(16 * (s % 2) + 4 * (b / 2));
     }
   }
@@ -162,8 +162,7 @@ void gemv_s24_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t 
       }
     }
     for (int t = 0; t < NT; ++t)
-      y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(
-          _mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]))) * w.scale[r];
+      y[(t0 + t) * ldy + r] = reduce_add4(acc[t]) * w.scale[r];
   };
   for_rows_and_tiles<kMaxNTS24>(r0, r1, a.T, row);
 }

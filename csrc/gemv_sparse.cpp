@@ -14,7 +14,7 @@
 // is chosen for the AVX2 kernel (which gathers x with pshufb instead of expanding weights):
 //   chunk c = columns [16c, 16c+16); slot s holds chunk kSlotChunk[s] = {0, 2, 1, 3}[s];
 //   value 8s+b of the block is the b-th kept value of that chunk, at column
-//   16c + 4*(b/2) + sel, sel = (meta >> (8b + 2s)) & 3.
+//   16c + 4*(b/2) + sel, sel = (meta >> (8b + 2s)) & 3 (s24_selector_bit, s24_group_column).
 
 #include "common.h"
 #include "tiles.h"
@@ -108,11 +108,8 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
 // Calls f(column, value_index_in_block) for the 32 kept slots of a 2:4 block.
 template <typename F>
 static inline void walk_s24_block(uint64_t meta, F&& f) {
-  for (int s = 0; s < 4; ++s)
-    for (int b = 0; b < 8; ++b) {
-      const int sel = int(meta >> (8 * b + 2 * s)) & 3;
-      f(16 * kSlotChunk[s] + 4 * (b / 2) + sel, 8 * s + b);
-    }
+  for (int i = 0; i < 32; ++i)
+    f(s24_group_column(i) + (int(meta >> s24_selector_bit(i)) & 3), i);
 }
 
 // 2:4 int8 rows; X / Acc as in gemv_bitmask.

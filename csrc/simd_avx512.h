@@ -31,6 +31,13 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
+// The sum of a token's 4 accumulators (the fp32 GEMVs' independent FMA chains), in one fixed
+// order, so a token's result does not depend on its tile.
+inline float reduce_add4(const __m512 acc[4]) {
+  return _mm512_reduce_add_ps(
+      _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
 // The (up to) 64 nibbles of a bitmask int4 mask word, one per byte (0..15) in stream order,
 // from the 32 bytes at `bytes` (a word starts on a byte): each byte widened to a 16-bit lane
 // 0x00HL, then (lane | lane << 4) & 0x0f0f = 0x0H0L puts the low nibble in the lane's first
