@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 // Fully unrolls the loop that follows. GCC 12 keeps an array of SIMD accumulators in registers
@@ -108,6 +109,16 @@ inline const int8_t* r16_block(const Weight& w, int64_t b) {
   return static_cast<const int8_t*>(w.data) + b * kRowBlock16 * w.kp;
 }
 
+// Calls f(std::integral_constant<int, G>{}) for the weight's int4 group size: the int4 kernels
+// take it as a compile-time constant (read at run time, it cost the sparse W4A8 loop a reload
+// and two compares per word, 5% at T == 1, and the dense ones a division per step).
+template <class F>
+inline void with_group(int group, F&& f) {
+  if (group == 32) return f(std::integral_constant<int, 32>{});
+  if (group == 64) return f(std::integral_constant<int, 64>{});
+  f(std::integral_constant<int, 128>{});
+}
+
 // 2:4 (S24_I8) value order inside a 64-column block: slot s holds the kept values of the
 // 16-column chunk kSlotChunk[s] (see gemv_sparse.cpp; the AVX2 kernel gathers x by it).
 constexpr int kSlotChunk[4] = {0, 2, 1, 3};
@@ -145,14 +156,20 @@ struct Acts {
                                   // sums of x (xq for W4A8)
 };
 
-// Activations of the AVX-512 int8 GEMM (prefill): x as unsigned bytes (int8 + 128), (T, kp), and
-// their scales, per token (W8A8, W4A8: Acts' xq / xscale) or per group of columns,
-// (T, kp / group) (weight-only formats: quantized for the GEMM alone, int8_gemm_act_group).
+// Activations of the integer GEMMs of prefill (AVX-512 int8, AVX2 int16): x's int8 codes, (T, kp),
+// and their scales, per token (W8A8, W4A8: the GEMV's xq / xscale) or per group of columns,
+// (T, kp / group) (weight-only formats: quantized for the GEMM alone, int_gemm_act_group).
 struct GemmActs {
   int64_t T = 0;
-  const uint8_t* xu = nullptr;
+  const uint8_t* xu = nullptr;   // AVX-512: codes + 128
+  const int16_t* xw = nullptr;   // AVX2 (gemm_int_avx2.cpp): codes as int16, W8A8 / W4A8
   const float* xs = nullptr;
 };
+// Columns per activation scale of the integer GEMM on the active ISA: 0 for W8A8 / W4A8 (per
+// token), else (AVX-512 only) a weight-only prompt's x quantized per group (int4: the weight's
+// group, int8: 32, a Q8_0 block); -1 where no integer GEMM runs: float weights, the portable
+// path, weight-only formats on AVX2 (linear.cpp).
+int64_t int_gemm_act_group(const Weight& w);
 
 // ---------------------------------------------------------------------------------------------
 // Kernel entry points. gemv_*: y[t * ldy + r] = dot(W[r], x[t]) for rows r in [r0, r1) and all
@@ -187,6 +204,11 @@ SL_GEMV_KERNELS(SL_DECLARE_GEMV)
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
                 int64_t k, float* Y, int64_t ldy);
 void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
+// The int16 GEMM of prefill (gemm_int_avx2.cpp) for the int8-activation formats (W8A8, W4A8):
+// y[t * ldy + r] for rows [r0, r1), r0 a multiple of 16, from GemmActs::xw.
+void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+// Its activations: quantize_row's codes (q) widened to xw.
+void quantize_row_i16(const float* x, int64_t n, int8_t* q, int16_t* xw, float* scale);
 }  // namespace avx2
 
 namespace avx512 {
@@ -214,13 +236,10 @@ constexpr int64_t kSparseTile = 128;
 void transpose_tokens(const float* x, int64_t T, int64_t kp, float* xt);
 void sp_f32_gemm(const Weight& w, const float* xt, int64_t T, float* y, int64_t ldy, int64_t r0,
                  int64_t r1);
-// The int8 GEMM of prefill (gemm_int8_avx512.cpp) for every integer format (int8_gemm_runs;
-// weight-only ones for prompts): y[t * ldy + r] for rows [r0, r1), r0 a multiple of 32.
-bool int8_gemm_runs(const Weight& w);
+// The int8 GEMM of prefill (gemm_int8_avx512.cpp) for every integer format (weight-only ones
+// for prompts): y[t * ldy + r] for rows [r0, r1), r0 a multiple of 32.
 void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
-// Weight-only formats' activations for it: quantized per this many columns (quantize_groups;
-// int4: its weight group, int8: 32); 0: W8A8 / W4A8, the GEMV's per-token int8.
-int64_t int8_gemm_act_group(const Weight& w);
+// Weight-only formats' activations for it, per int_gemm_act_group columns.
 void quantize_groups(const float* x, int64_t kp, int64_t group, uint8_t* xu, float* xs);
 // quantize_int8_row's codes + 128 (W8A8 / W4A8 activations for it); n a multiple of 16.
 void quantize_row_u8(const float* x, int64_t n, uint8_t* xu, float* scale);
@@ -247,8 +266,8 @@ constexpr bool kGroupSums = true;
 // 2 threads (ratios GEMV time / GEMM time). Against the fp32 GEMM over decoded panels: fp32
 // activations: GEMV wins up to T = 8 (fp32 0.5-0.7, int8 0.8-0.9), the GEMM above (1.2-2x at
 // T = 16). Int8 activations with per-channel int8 weights: the integer GEMV wins at every T
-// (T = 64: int8_a8 0.81 with AVX2; 2:4 0.99 at 128), so without AVX-512 they never leave it.
-// int4_g32_a8 matches the fp32 GEMM at T = 32 (1.09) and loses above (1.19 at 64).
+// (T = 64: int8_a8 0.81 with AVX2; 2:4 0.99 at 128), so on the portable path they never leave
+// it; int4_g32_a8 matches the fp32 GEMM at T = 32 (1.09) and loses above (1.19 at 64).
 // With AVX-512, int8 activations (and weight-only int4 prompts) go to the int8 GEMM
 // (gemm_int8_avx512.cpp) above avx512_max_tokens, in the same 2-thread run: int8_a8 0.95 at
 // T = 32, 1.04 at 48 (the same bits either way); sparse_int8_a8 1.00 at 24, 1.10 at 32; int4_g32_a8
@@ -257,13 +276,22 @@ constexpr bool kGroupSums = true;
 constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32, kGemvAlways = INT64_MAX;
 constexpr int64_t kGemvMaxTokensW8A8Vnni = 40, kGemvMaxTokensSparseW8A8Vnni = 24,
                   kGemvMaxTokensVnni = 8;
+// On AVX2 they go to the int16 GEMM (gemm_int_avx2.cpp) above avx2_max_tokens; AMD EPYC
+// (Zen 3), 2 threads, GEMV / GEMM: int8_a8 0.94-0.99 at T = 8, 1.16-1.37 at 16 (the same bits
+// either way); sparse_int8_a8 1.05 at 8, 1.49 at 16; 2:4 W8A8 0.76 at 8, 0.93 at 16, 1.14 at 32;
+// int4_g32_a8 0.81 at 8, 1.04 at 16, 1.20 at 32; sparse int4 W4A8 1.44 at 8.
+constexpr int64_t kGemvMaxTokensW8A8Madd = 16, kGemvMaxTokensSparseW8A8Madd = 8,
+                  kGemvMaxTokensS24W8A8Madd = 24, kGemvMaxTokensSparseW4A8Madd = 8,
+                  kGemvMaxTokensI4A8Madd = 16;
 
 // A format's GEMVs for one type of activations: per ISA (avx512 {}: the AVX2 kernel runs on
-// AVX-512 machines too), and the largest T they serve (avx512_max_tokens, if set, on AVX-512
-// machines). scalar.fn == nullptr: the format does not run with these activations.
+// AVX-512 machines too), and the largest T they serve (avx2_max_tokens / avx512_max_tokens, if
+// set, on those machines: where an integer GEMM takes over). scalar.fn == nullptr: the format
+// does not run with these activations.
 struct GemvSet {
   Gemv scalar, avx2, avx512;
   int64_t max_tokens = 0;
+  int64_t avx2_max_tokens = 0;
   int64_t avx512_max_tokens = 0;
   constexpr bool runs() const { return scalar.fn != nullptr; }
 };
@@ -306,7 +334,7 @@ inline constexpr FmtTraits kFmtTraits[] = {
    {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums}, {avx512::gemv_i4},
     kGemvMaxTokensF32},
    {{scalar::gemv_i4a8, kGroupSums}, {avx2::gemv_i4a8, kGroupSums}, {avx512::gemv_i4a8, kGroupSums},
-    kGemvMaxTokensI4A8, kGemvMaxTokensVnni},
+    kGemvMaxTokensI4A8, kGemvMaxTokensI4A8Madd, kGemvMaxTokensVnni},
    scalar::decode_rows_i4},
   {Fmt::SP_F32, "SP_F32", 32, true, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_f32}, {avx2::gemv_sp_f32}, {avx512::gemv_sp_f32}, kGemvMaxTokensF32}, {},
@@ -314,22 +342,22 @@ inline constexpr FmtTraits kFmtTraits[] = {
   {Fmt::SP_I8, "SP_I8", 8, false, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_i8}, {avx2::gemv_sp_i8}, {avx512::gemv_sp_i8}, kGemvMaxTokensF32},
    {{scalar::gemv_sp_i8a8}, {avx2::gemv_sp_i8a8}, {avx512::gemv_sp_i8a8}, kGemvAlways,
-    kGemvMaxTokensSparseW8A8Vnni},
+    kGemvMaxTokensSparseW8A8Madd, kGemvMaxTokensSparseW8A8Vnni},
    scalar::decode_rows_sp_i8, avx512::decode_rows_sp_i8},
   {Fmt::SP_I4, "SP_I4", 4, false, Sparsity::Bitmask, true, false,
    {{scalar::gemv_sp_i4}, {avx2::gemv_sp_i4}, {avx512::gemv_sp_i4}, kGemvMaxTokensF32},
    {{scalar::gemv_sp_i4a8}, {avx2::gemv_sp_i4a8}, {avx512::gemv_sp_i4a8, kGroupSums},
-    kGemvAlways, kGemvMaxTokensVnni},
+    kGemvAlways, kGemvMaxTokensSparseW4A8Madd, kGemvMaxTokensVnni},
    scalar::decode_rows_sp_i4},
   {Fmt::S24_I8, "S24_I8", 8, false, Sparsity::TwoFour, false, false,
    {{scalar::gemv_s24_i8}, {avx2::gemv_s24_i8}, {avx512::gemv_s24_i8}, kGemvMaxTokensF32},
    {{scalar::gemv_s24_i8a8}, {avx2::gemv_s24_i8a8}, {avx512::gemv_s24_i8a8}, kGemvAlways,
-    kGemvMaxTokensVnni},
+    kGemvMaxTokensS24W8A8Madd, kGemvMaxTokensVnni},
    scalar::decode_rows_s24_i8},
   {Fmt::I8_R16, "I8_R16", 8, false, Sparsity::Dense, false, false,
    {},
    {{scalar::gemv_i8a8}, {avx2::gemv_i8a8}, {avx512::gemv_i8a8}, kGemvAlways,
-    kGemvMaxTokensW8A8Vnni},
+    kGemvMaxTokensW8A8Madd, kGemvMaxTokensW8A8Vnni},
    scalar::decode_rows_i8_r16},
 };
 // clang-format on

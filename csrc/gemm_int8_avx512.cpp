@@ -37,11 +37,10 @@ namespace {
 
 constexpr int64_t kExpandRows = 128;  // rows expanded at a time: 8 blocks, L2-resident
 constexpr int kNB = 2;                // blocks per micro-kernel call
-constexpr int kInt8ActGroup = 32;     // weight-only int8's activation group (a Q8_0 block)
 
 // Columns per int32 dot: 0 for a whole row (W8A8), else the weight's or the activations' group.
 int64_t dot_period(const Weight& w) {
-  return fmt_traits(w.fmt).grouped ? w.group : w.act_int8 ? 0 : kInt8ActGroup;
+  return fmt_traits(w.fmt).grouped ? w.group : int_gemm_act_group(w);
 }
 
 // The weight's scales per row: one per int4 group, else one.
@@ -358,8 +357,6 @@ void gemm_format(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int6
 
 }  // namespace
 
-bool int8_gemm_runs(const Weight& w) { return !fmt_traits(w.fmt).is_float; }
-
 void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0,
                int64_t r1) {
   thread_local Expanded ex;
@@ -380,8 +377,6 @@ void int8_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_
     default: return gemm_format(w, a, y, ldy, r0, r1, S24Rows{w, {}, {}}, ex);  // S24_I8
   }
 }
-
-int64_t int8_gemm_act_group(const Weight& w) { return w.act_int8 ? 0 : dot_period(w); }
 
 // quantize_int8_row's per-token int8 (compressed-tensors' grid, the same float operations: a
 // correctly rounded division, round to nearest even, clamp), + 128, in one pass.

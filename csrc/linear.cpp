@@ -22,7 +22,16 @@ static int64_t g_gemv_max_tokens = 0;  // 0: the per-format defaults (kFmtTraits
 int64_t gemv_max_tokens(const Weight& w) {
   if (g_gemv_max_tokens > 0) return g_gemv_max_tokens;
   const GemvSet& k = fmt_traits(w.fmt).gemvs(w.act_int8);
-  return use_avx512() && k.avx512_max_tokens ? k.avx512_max_tokens : k.max_tokens;
+  if (use_avx512() && k.avx512_max_tokens) return k.avx512_max_tokens;
+  if (use_avx2() && k.avx2_max_tokens) return k.avx2_max_tokens;
+  return k.max_tokens;
+}
+
+int64_t int_gemm_act_group(const Weight& w) {
+  if (fmt_traits(w.fmt).is_float || !use_avx2()) return -1;
+  if (w.act_int8) return 0;
+  if (!use_avx512()) return -1;  // gemm_int_avx2.cpp: weight-only prompts keep fp32 panels
+  return fmt_traits(w.fmt).grouped ? w.group : 32;
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
@@ -37,6 +46,7 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(gsum, size_t(kMaxMulti * T * kp / 32));
   grow(panel, size_t(num_threads() * kPanelRows * kp));
   grow(xu, size_t(T * kp));
+  grow(xw, size_t(T * kp));
   grow(xgscale, size_t(T * kp / 32));
 }
 
@@ -107,39 +117,45 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
   });
 }
 
-// The int8 GEMM on AVX-512: activations as bytes (W8A8 / W4A8: the GEMV's per-token int8;
-// weight-only int4: quantized per weight group), in parallel over tokens, once for every
-// weight of the same width and activation group (q/k/v, gate/up), then the GEMM of each weight
-// in parallel over 32-row units.
-static bool int8_gemm_takes(const Weight& w, const LinearScratch& s) {
-  return use_avx512() && avx512::int8_gemm_runs(w) && (w.act_int8 || s.prompt);
+// The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd): activations as integer codes (W8A8 /
+// W4A8: the GEMV's per-token int8; weight-only int4 / int8 on AVX-512: quantized per group of
+// columns), in parallel over tokens, once for every weight of the same width and activation
+// group (q/k/v, gate/up), then the GEMM of each weight in parallel over units of rows.
+static bool int_gemm_takes(const Weight& w, const LinearScratch& s) {
+  return int_gemm_act_group(w) >= 0 && (w.act_int8 || s.prompt);
 }
 
-static GemmActs int8_gemm_acts(const Weight& w, const float* x, int64_t T, int64_t ldx,
-                               LinearScratch& s) {
-  const int64_t kp = w.kp, K = w.cols, group = avx512::int8_gemm_act_group(w);
+static GemmActs int_gemm_acts(const Weight& w, const float* x, int64_t T, int64_t ldx,
+                              LinearScratch& s) {
+  const int64_t kp = w.kp, K = w.cols, group = int_gemm_act_group(w);
+  const bool vnni = use_avx512();
   s.reserve(T, kp);
   parallel_for(T, T * kp >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       float* xp = s.xpad.data() + t * kp;
-      uint8_t* xu = s.xu.data() + t * kp;
+      float* xs = group ? s.xgscale.data() + t * (kp / group) : &s.xscale[t];
       pad_row(x + t * ldx, K, kp, xp);
-      if (group) avx512::quantize_groups(xp, kp, group, xu, s.xgscale.data() + t * (kp / group));
-      else avx512::quantize_row_u8(xp, kp, xu, &s.xscale[t]);
+      if (vnni && group) avx512::quantize_groups(xp, kp, group, s.xu.data() + t * kp, xs);
+      else if (vnni) avx512::quantize_row_u8(xp, kp, s.xu.data() + t * kp, xs);
+      else avx2::quantize_row_i16(xp, kp, s.xq.data() + t * kp, s.xw.data() + t * kp, xs);
     }
   });
   GemmActs a;
   a.T = T;
   a.xu = s.xu.data();
+  a.xw = s.xw.data();
   a.xs = group ? s.xgscale.data() : s.xscale.data();
   return a;
 }
 
-static void int8_gemm_run(const Weight& w, const GemmActs& a, float* y, int64_t ldy) {
-  constexpr int64_t kUnit = 2 * kRowBlock16;
-  parallel_for((w.rows + kUnit - 1) / kUnit, w.rows * w.kp * a.T >= 16 * kMinParallelWork,
+static void int_gemm_run(const Weight& w, const GemmActs& a, float* y, int64_t ldy) {
+  const bool vnni = use_avx512();
+  const int64_t unit = vnni ? 2 * kRowBlock16 : kRowBlock16;  // the kernels' row granules
+  parallel_for((w.rows + unit - 1) / unit, w.rows * w.kp * a.T >= 16 * kMinParallelWork,
                [&](int64_t lo, int64_t hi) {
-                 avx512::int8_gemm(w, a, y, ldy, lo * kUnit, std::min(w.rows, hi * kUnit));
+                 const int64_t r0 = lo * unit, r1 = std::min(w.rows, hi * unit);
+                 if (vnni) avx512::int8_gemm(w, a, y, ldy, r0, r1);
+                 else avx2::int_gemm(w, a, y, ldy, r0, r1);
                });
 }
 
@@ -226,7 +242,7 @@ void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, i
     gemv_multi(ws, ys, &ldy, 1, x, T, ldx, s);
     return;
   }
-  if (int8_gemm_takes(w, s)) return int8_gemm_run(w, int8_gemm_acts(w, x, T, ldx, s), y, ldy);
+  if (int_gemm_takes(w, s)) return int_gemm_run(w, int_gemm_acts(w, x, T, ldx, s), y, ldy);
   if (w.fmt == Fmt::SP_F32 && use_avx512() && T >= kSparseF32GemmMinTokens)
     return sparse_f32_gemm(w, x, T, ldx, y, ldy, s);
   prepare(x, T, ldx, w.cols, w.kp, w.act_int8, s);
@@ -249,13 +265,12 @@ void linear_multi(const Weight* const* ws, float* const* ys, int n, const float*
     gemv_multi(ws, ys, ldys, n, x, T, ldx, s);
     return;
   }
-  bool shared = same_kp;  // one int8 GEMM preparation for all of them
+  bool shared = same_kp;  // one integer GEMM preparation for all of them
   for (int i = 0; i < n; ++i)
-    shared &= int8_gemm_takes(*ws[i], s) &&
-              avx512::int8_gemm_act_group(*ws[i]) == avx512::int8_gemm_act_group(*ws[0]);
+    shared &= int_gemm_takes(*ws[i], s) && int_gemm_act_group(*ws[i]) == int_gemm_act_group(*ws[0]);
   if (shared) {
-    const GemmActs a = int8_gemm_acts(*ws[0], x, T, ldx, s);
-    for (int i = 0; i < n; ++i) int8_gemm_run(*ws[i], a, ys[i], ldys[i]);
+    const GemmActs a = int_gemm_acts(*ws[0], x, T, ldx, s);
+    for (int i = 0; i < n; ++i) int_gemm_run(*ws[i], a, ys[i], ldys[i]);
     return;
   }
   for (int i = 0; i < n; ++i) linear(*ws[i], x, T, ldx, ys[i], ldys[i], s);

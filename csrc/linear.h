@@ -18,7 +18,8 @@ struct LinearScratch {
   AlignedVector<int32_t> xsum;  // (T,) per-token sums of xq (the AVX-512 W8A8 kernels' offset)
   AlignedVector<float> gsum;    // (kMaxMulti, T, kp/32) per-weight, per-token int4 group sums
   AlignedVector<float> panel;   // (threads, kPanelRows, kp) decoded weight rows
-  AlignedVector<uint8_t> xu;    // (T, kp) int8 GEMM activations + 128 (GemmActs)
+  AlignedVector<uint8_t> xu;    // (T, kp) int8 GEMM activations + 128 (GemmActs, AVX-512)
+  AlignedVector<int16_t> xw;    // (T, kp) int16 GEMM activations (GemmActs, AVX2)
   AlignedVector<float> xgscale; // (T, kp/32) their scales per group (weight-only formats)
   AlignedVector<float> xt;      // x k-major in token tiles (transpose_tokens; sized on first use)
   // A prompt chunk: above the GEMV's limit, weight-only int4 may quantize activations for the

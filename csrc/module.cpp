@@ -307,12 +307,12 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly(
           "int8_gemm_act_group",
           [](const PyWeight& p) -> int64_t {
-            if (!use_avx512() || !avx512::int8_gemm_runs(p.w)) return -1;
-            return avx512::int8_gemm_act_group(p.w);
+            return int_gemm_act_group(p.w);
           },
-          "Above gemv_max_tokens, on the active ISA: -1 for the fp32 GEMM, else the AVX-512 "
-          "int8 GEMM with activations quantized per this many columns (0: per token, W8A8 / "
-          "W4A8; > 0, weight-only int4 / int8: for a prompt only)");
+          "Above gemv_max_tokens, on the active ISA: -1 for the fp32 GEMM, else the integer "
+          "GEMM (AVX2 int16, AVX-512 int8) with activations quantized per this many columns "
+          "(0: per token, W8A8 / W4A8; > 0, weight-only int4 / int8 on AVX-512: for a prompt "
+          "only)");
 
   m.def(
       "linear",

@@ -49,6 +49,74 @@ inline __m256i dot_i8(__m256i acc, const I16x32& w, __m256i x) {
                                                 _mm256_madd_epi16(w.hi, xw.hi)));
 }
 
+// Bitmask expansion (gemv_sparse_avx2.cpp, gemm_int_avx2.cpp): a mask byte indexes a table of
+// shuffle controls that place the packed values in their columns.
+// Built at compile time (constexpr): files compiled with -mavx2 must not run any code at load
+// time on a CPU that may lack AVX2.
+struct Tables {
+  alignas(32) int32_t perm[256][8] = {};  // lane j <- packed value rank(j) (fp32 expansion)
+  alignas(32) int32_t keep[256][8] = {};  // lane j kept ? -1 : 0
+  uint64_t shuf[256] = {};  // byte j <- packed byte rank(j), or 0x80 (zero) if column j dropped
+  constexpr Tables() {
+    for (int m = 0; m < 256; ++m) {
+      uint64_t s = 0;
+      for (int j = 0, rank = 0; j < 8; ++j) {
+        const bool on = (m >> j) & 1;
+        perm[m][j] = on ? rank : 0;
+        keep[m][j] = on ? -1 : 0;
+        s |= uint64_t(on ? rank : 0x80) << (8 * j);
+        rank += on;
+      }
+      shuf[m] = s;
+    }
+  }
+};
+inline constexpr Tables kT{};
+inline constexpr uint64_t kOnes = 0x0101010101010101ull;
+
+inline __m128i shuf_ctrl8(uint32_t m, uint32_t offset) {
+  // Adding the offset to every byte keeps 0x80 "zero" bytes >= 0x80 (offset <= 16).
+  return _mm_cvtsi64_si128(int64_t(kT.shuf[m] + offset * kOnes));
+}
+
+// 16 dense int8 columns from the packed values at v: mask bytes m0 (columns 0..7), m1 (8..15).
+inline __m128i expand16_i8(const int8_t* v, uint32_t m0, uint32_t m1) {
+  const __m128i ctrl = _mm_set_epi64x(int64_t(kT.shuf[m1] + __builtin_popcount(m0) * kOnes),
+                                      int64_t(kT.shuf[m0]));
+  return _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)), ctrl);
+}
+
+// The 8 columns of mask byte m as signed bytes (low half of the result): 8 bytes = 16 nibbles
+// from the byte holding nibble p, widened to bytes in order, sign-extended ((n ^ 8) - 8), then
+// expanded with the shuffle shifted by p & 1.
+inline __m128i expand8_nibbles(const uint8_t* vals, int64_t p, uint32_t m) {
+  const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + (p >> 1)));
+  const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(raw, low4),
+                                        _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+  const __m128i sv = _mm_sub_epi8(_mm_xor_si128(nib, eight), eight);
+  return _mm_shuffle_epi8(sv, shuf_ctrl8(m, uint32_t(p & 1)));
+}
+
+// The columns of mask bytes c .. c + N - 1 (N divides 8, c a multiple of N) as signed bytes,
+// e[j] from mask byte c + j; p (the row's nibble index) moves past them.
+template <int N>
+inline void expand_nibble_chunks(const uint8_t* vals, const uint8_t* mrow, int64_t c,
+                                 int64_t& p, __m128i* e) {
+  if (c % 8 == 0) p = sp_i4_word_start(p);
+  for (int j = 0; j < N; ++j) {
+    const uint32_t m = mrow[c + j];
+    e[j] = expand8_nibbles(vals, p, m);
+    p += __builtin_popcount(m);
+  }
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+
 // Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):
 // y[t, r] = row_scale(r) * dot(W[r], x[t]), W stored as V, load8(p) widens 8 of them. A = 2
 // (the default): 16 columns per step, two accumulators per token (enough to stream DRAM at

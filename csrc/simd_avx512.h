@@ -60,14 +60,4 @@ inline __m512i i4_columns64(const uint8_t* q) {
   return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));  // [lo 0 | hi 0 | lo 1 | hi 1]
 }
 
-// Calls f(std::integral_constant<int, G>{}) for the weight's int4 group size: the int4 kernels
-// take it as a compile-time constant (read at run time, it cost the sparse W4A8 loop a reload
-// and two compares per word, 5% at T == 1, and the dense ones a division per step).
-template <class F>
-inline void with_group(int group, F&& f) {
-  if (group == 32) return f(std::integral_constant<int, 32>{});
-  if (group == 64) return f(std::integral_constant<int, 64>{});
-  f(std::integral_constant<int, 128>{});
-}
-
 }  // namespace sl::avx512

@@ -56,7 +56,7 @@ def test_each_token_is_bitwise_independent_of_the_batch(isa, rng, fmt, shape):
     """Batched decode / speculative verification give every token exactly its T == 1 result."""
     w, mask = random_weight(rng, shape, fmt)
     p = kernels.pack(w, fmt, mask)
-    # 8 for fp32 activations, 32 for int4 W4A8 (unlimited with AVX-512), unlimited for W8A8
+    # 8 for fp32 activations; int8 activations: 32 (AVX2), 8-40 (AVX-512), unlimited (scalar)
     limit = min(p.native().gemv_max_tokens, 40)
     assert limit >= 8
     x = rng.standard_normal((limit, shape[1])).astype(np.float32) * 3
@@ -112,7 +112,7 @@ def test_w8a8_results_are_bitwise_the_same_on_every_isa(rng, fmt):
     try:
         for isa in isas:
             kernels.set_isa(isa)
-            # 64 tokens and more: AVX-512 expands bitmask rows into 16-row blocks (prefill)
+            # from 33 / 41 tokens the AVX2 / AVX-512 integer GEMMs (prefill) take over
             got[isa] = [kernels.linear(x[:T], p) for T in (1, 7, 8, 9, 20, 64, 75)]
     finally:
         kernels.set_isa("auto")
@@ -188,17 +188,18 @@ def test_activation_quantization_twin(isa, rng, n):
 
 @pytest.mark.parametrize("n", [128, 200])
 @pytest.mark.parametrize("fmt", ["int4_g32", "int8", "sparse_int8"])
-def test_int8_gemm_activation_quantization_twin(rng, n, fmt):
-    """Weight-only prompts on AVX-512 quantize x per group of 32 columns (int4: its weight
-    group; `reference.quantize_activation_groups`, scale max / 127): read through an identity
-    weight, y[t, i] = xq[t, i] * scale[t, i / 32] * w[i, i] to a few ulp, and the codes are the
-    twin's exactly."""
-    from sparsellm.kernels._ext import native
-
-    if not native().cpu_supports_avx512():
-        pytest.skip("the int8 GEMM is AVX-512 only")  # CI machines have it
+def test_int8_gemm_activation_quantization_twin(isa, rng, n, fmt):
+    """Weight-only prompts in the AVX-512 int8 GEMM quantize x per group of 32 columns (int4:
+    its weight group; `reference.quantize_activation_groups`, scale max / 127): read through an
+    identity weight, y[t, i] = xq[t, i] * scale[t, i / 32] * w[i, i] to a few ulp, and the codes
+    are the twin's exactly. (The portable path and AVX2 keep fp32 panels for them.)"""
     eye = np.eye(n, dtype=np.float32)
     p = kernels.pack(eye, fmt, eye != 0 if fmt.startswith("sparse") else None)
+    if isa != "avx512":
+        assert p.native().int8_gemm_act_group == -1
+        np.testing.assert_array_equal(kernels.linear(eye[:20], p, prompt=True),
+                                      ref.dequantize(p)[:, :20].T)
+        return
     assert p.native().int8_gemm_act_group == 32
     x = np.concatenate([_activation_rows(rng, n),
                         rng.standard_normal((10, n)).astype(np.float32)])
@@ -231,7 +232,7 @@ def test_bad_inputs_raise_actionable_errors(rng):
 
 
 # the formats that leave the GEMV above some T on some ISA (fp32 activations everywhere; int8
-# activations for AVX-512's int8 GEMM; int4 W4A8 for AVX2's and the scalar fp32 GEMM)
+# activations for the integer GEMMs of AVX2 and AVX-512; int4 W4A8 for the scalar fp32 GEMM)
 def _gemv_limit(fmt: str) -> int:
     w, mask = random_weight(np.random.default_rng(0), (16, 64), fmt)
     limits = []
@@ -250,8 +251,8 @@ GEMM_FORMATS = [f for f in FORMATS if _gemv_limit(f) < 40]
 @pytest.mark.parametrize("fmt", GEMM_FORMATS)
 @pytest.mark.parametrize("prompt", [False, True])
 def test_gemm_over_several_panels_and_k_blocks(isa, rng, fmt, prompt):
-    """The GEMMs (T above the GEMV's limit: decoded panels, or the AVX-512 int8 GEMM) on rows
-    that end inside a panel / a 32-row unit and a width of several k blocks with a partial last
+    """The GEMMs (T above the GEMV's limit: decoded panels, or the integer GEMMs) on rows
+    that end inside a panel / a 16- or 32-row unit and a width of several k blocks with a partial last
     one (the panel GEMM's blocks are 1024 columns); each token's result is the same whatever
     tokens share the call."""
     shape = (100, 2100)

@@ -105,8 +105,8 @@ def linear(x: np.ndarray, p: PackedWeight, act_group: int = 0) -> np.ndarray:
 
 def linear_as_run(x: np.ndarray, p: PackedWeight, prompt: bool = False) -> np.ndarray:
     """`linear` with the activations the native kernels use for this many tokens on the active
-    ISA (kernels.linear with `prompt`): above the GEMV's limit, the AVX-512 int8 GEMM quantizes
-    a prompt's x per group of columns for the weight-only formats."""
+    ISA (kernels.linear with `prompt`): above the GEMV's limit, the integer GEMMs (AVX2, AVX-512)
+    quantize a prompt's x per group of columns for the weight-only formats."""
     native = p.native()
     gemm = prompt and len(x) > native.gemv_max_tokens
     return linear(x, p, act_group=max(native.int8_gemm_act_group, 0) if gemm else 0)

@@ -1,0 +1,310 @@
+// Prefill GEMM of the integer weight formats on AVX2 (no VNNI): int16 x int16 -> int32 madd.
+// Each thread expands its weight rows, 8 at a time, into a block of int16 codes (w - z for
+// int4) laid out as the 16-row int8 blocks of Fmt::I8_R16 are, per 4 columns: rows 0-3 x 4
+// columns in one vector, rows 4-7 in the next. The chunk's activations are int16 codes too, so
+// a token broadcasts its 4 columns (one 8-byte load) and one vpmaddwd per vector does 16
+// multiply-adds: on AMD Zen 3, 2 madds per cycle, twice the multiply-adds of 2 fp32 FMAs, with
+// every product exact (int8 x int8, -128 included; the sign trick of vpmaddubsw cannot take
+// -128 and saturates). The GEMVs widen the same values per token tile instead; here a weight is
+// expanded once per chunk and an activation widened once per chunk.
+//
+// The micro-kernel holds 8 rows x 6 tokens of int32 accumulators (12 ymm) + 2 weight vectors +
+// 1 broadcast: per 4 columns, 8 loads feed 12 madds. Each int32 lane holds two of a row's
+// products; one hadd per 8 rows at a period's end joins them (as gemv_i8a8 does).
+//
+// Only int8 activations take it (W8A8, W4A8: the GEMV's per-token int8). W8A8 keeps the whole
+// row's dot in int32, y = float(dot) * (xscale * scale), the GEMV's float operations, so prefill
+// gives the decode kernels' bits; int4 groups end a dot every group and accumulate
+// float(dot) * scale in fp32 (4 tokens per tile: 8 int32 + 4 fp32 accumulators). Weight-only
+// prompts keep the fp32 panel GEMM here: with x quantized per group of 32 columns, as the
+// AVX-512 int8 GEMM does, a dot per 32 columns left this kernel at 0.83x the fp32 GEMM's speed
+// for weight-only int8 and 1.03x for int4_g32 (TinyLlama-1.1B, 512-token prefill, 2 threads).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common.h"
+#include "simd_avx2.h"
+
+namespace sl::avx2 {
+
+namespace {
+
+constexpr int64_t kRows = 8;  // rows per expanded block
+
+int64_t scale_groups(const Weight& w) { return fmt_traits(w.fmt).grouped ? w.kp / w.group : 1; }
+
+// Row streams: begin(i, row) starts slot i on a weight row, next(i, k) returns its signed codes
+// at columns [k, k + 32) (called for k = 0, 32, ... in order).
+struct NoRows {  // Fmt::I8_R16 is stored as blocks already (expand_block widens them)
+  void begin(int, int64_t) {}
+  __m256i next(int, int64_t) { return _mm256_setzero_si256(); }
+};
+
+struct I4Rows {  // Fmt::I4: a 16-byte block -> 32 nibbles in column order, minus z
+  const Weight& w;
+  const uint8_t* q[kRows];
+  const uint8_t* z[kRows];
+  void begin(int i, int64_t r) {
+    q[i] = static_cast<const uint8_t*>(w.data) + r * (w.kp / 2);
+    z[i] = w.asym ? w.zero + r * (w.kp / w.group) : nullptr;
+  }
+  __m256i next(int i, int64_t k) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q[i] + k / 2));
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low4),
+                                       _mm_and_si128(b, low4));
+    return _mm256_sub_epi8(u, _mm256_set1_epi8(char(z[i] ? z[i][k / w.group] : 8)));
+  }
+};
+
+struct SpI8Rows {  // Fmt::SP_I8: 32 columns = 4 mask bytes, expanded by table shuffles
+  const Weight& w;
+  const int8_t* v[kRows];
+  const uint8_t* m[kRows];
+  void begin(int i, int64_t r) {
+    v[i] = static_cast<const int8_t*>(w.data) + w.row_off[r];
+    m[i] = w.mask + r * (w.kp / 8);
+  }
+  __m256i next(int i, int64_t k) {
+    const uint32_t m4 = load_u32(m[i] + k / 8);
+    const int n01 = __builtin_popcount(m4 & 0xffffu);
+    const __m256i e = _mm256_set_m128i(expand16_i8(v[i] + n01, (m4 >> 16) & 255, m4 >> 24),
+                                       expand16_i8(v[i], m4 & 255, (m4 >> 8) & 255));
+    v[i] += __builtin_popcount(m4);
+    return e;
+  }
+};
+
+struct SpI4Rows {  // Fmt::SP_I4: 4 mask bytes of signed nibbles (expand_nibble_chunks)
+  const Weight& w;
+  const uint8_t* v[kRows];
+  const uint8_t* m[kRows];
+  int64_t p[kRows];
+  void begin(int i, int64_t r) {
+    v[i] = static_cast<const uint8_t*>(w.data) + w.row_off[r];
+    m[i] = w.mask + r * (w.kp / 8);
+    p[i] = 0;
+  }
+  __m256i next(int i, int64_t k) {
+    if (k >= words_end(w)) return _mm256_setzero_si256();  // a padding word
+    __m128i e[4];
+    expand_nibble_chunks<4>(v[i], m[i], k / 8, p[i], e);
+    return _mm256_set_m128i(_mm_unpacklo_epi64(e[2], e[3]), _mm_unpacklo_epi64(e[0], e[1]));
+  }
+};
+
+// Fmt::S24_I8: a 64-column block holds 4 chunks of 16 columns; chunk c's 8 values are slot
+// kSlotChunk[c]'s (an involution), and byte b of the meta word holds value b's selector of slot
+// s in bits 2s, 2s + 1. A 128-bit lane places one chunk with a pshufb: column j is in group
+// m = j / 4, which holds values 2m (at j % 4 == sel(2m)) and 2m + 1 (at sel(2m + 1), which wins
+// a tie, as in the scalar walk).
+struct S24Rows {
+  const Weight& w;
+  const int8_t* v[kRows];
+  const uint64_t* meta[kRows];
+  void begin(int i, int64_t r) {
+    v[i] = static_cast<const int8_t*>(w.data) + r * (w.kp / 2);
+    meta[i] = w.meta + r * (w.kp / 64);
+  }
+  __m256i next(int i, int64_t k) {
+    const int8_t* vals = v[i] + k / 64 * 32;
+    const uint64_t mw = meta[i][k / 64];
+    const int sa = kSlotChunk[k % 64 / 16], sb = kSlotChunk[k % 64 / 16 + 1];
+    const uint64_t ones = 0x0303030303030303ull;
+    const __m256i sel = _mm256_setr_epi64x(int64_t((mw >> (2 * sa)) & ones), 0,
+                                           int64_t((mw >> (2 * sb)) & ones), 0);
+    const __m256i x = _mm256_set_m128i(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + 8 * sb)),
+                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + 8 * sa)));
+    const __m256i even = _mm256_setr_epi8(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6,
+                                          0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    const __m256i odd = _mm256_add_epi8(even, _mm256_set1_epi8(1));
+    const __m256i col = _mm256_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3,
+                                         0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m256i at0 = _mm256_cmpeq_epi8(col, _mm256_shuffle_epi8(sel, even));
+    const __m256i at1 = _mm256_cmpeq_epi8(col, _mm256_shuffle_epi8(sel, odd));
+    __m256i ctrl = _mm256_blendv_epi8(_mm256_set1_epi8(char(0x80)), even, at0);
+    ctrl = _mm256_blendv_epi8(ctrl, odd, at1);
+    return _mm256_shuffle_epi8(x, ctrl);
+  }
+};
+
+// 8 x 8 transpose of 32-bit lanes: v[j] lane i <- v[i] lane j.
+inline void transpose8(__m256i* v) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+    v[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+  }
+}
+
+// 32 bytes = 8 rows x 4 columns (row-major) -> the block's two int16 vectors for them.
+inline void store_widened(__m256i v, int16_t* out) {
+  const I16x32 w = widen_i8(v);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), w.lo);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16), w.hi);
+}
+
+// Rows [r, min(r + 8, r1)) -> one int16 block of kRows * kp codes (rows past r1: zeros).
+template <class Rows>
+void expand_block(const Weight& w, Rows& rows, int64_t r, int64_t r1, int16_t* blk) {
+  const int n = int(std::min<int64_t>(kRows, r1 - r));
+  if (w.fmt == Fmt::I8_R16) {  // the block is half of a 16-row int8 block already
+    const int8_t* src = r16_block(w, r / kRowBlock16) + 32 * (r % kRowBlock16 / kRows);
+    for (int64_t k = 0; k < w.kp; k += 4)
+      store_widened(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * k)), blk + 8 * k);
+    return;
+  }
+  for (int i = 0; i < n; ++i) rows.begin(i, r + i);
+  for (int64_t k = 0; k < w.kp; k += 32) {
+    __m256i v[kRows];
+    for (int i = 0; i < kRows; ++i) v[i] = i < n ? rows.next(i, k) : _mm256_setzero_si256();
+    transpose8(v);  // vector j: columns k + 4j .. k + 4j + 3 of the 8 rows
+    for (int j = 0; j < kRows; ++j) store_widened(v[j], blk + 8 * (k + 4 * j));
+  }
+}
+
+// W8A8: per row x per token, one int32 dot per row; W4A8: per int4 group x per token.
+enum class Scales { kRowToken, kGroupToken };
+
+// A block's int32 lanes (two per row, rows 0-3 in a, 4-7 in b) -> the 8 rows' dots in order.
+inline __m256i join_rows(__m256i a, __m256i b) {
+  return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a, b), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+}
+
+template <int E, Scales S>
+struct Kernel {
+  const int16_t* blk;  // kRows * kp codes
+  const float* sc;     // the block's scales: (groups, 8)
+  const GemmActs& a;
+  int64_t kp;
+  float* y;
+  int64_t ldy, r, n;  // rows r .. r + n - 1 are stored
+
+  template <int NT>
+  [[gnu::noinline]] void tile(int64_t t0) const {
+    const int16_t* xw = a.xw + t0 * kp;
+    __m256i dot[2][NT];
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < kp; k0 += E ? E : kp) {
+      const int64_t p = E ? k0 / E : 0;
+      for (int t = 0; t < NT; ++t) dot[0][t] = dot[1][t] = _mm256_setzero_si256();
+      const int64_t kend = E ? k0 + E : kp;
+      _Pragma("GCC unroll 8") for (int64_t k = k0; k < kend; k += 4) {
+        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k));
+        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k + 16));
+        for (int t = 0; t < NT; ++t) {
+          int64_t x4;
+          std::memcpy(&x4, xw + t * kp + k, 8);
+          const __m256i xb = _mm256_set1_epi64x(x4);
+          dot[0][t] = _mm256_add_epi32(dot[0][t], _mm256_madd_epi16(w0, xb));
+          dot[1][t] = _mm256_add_epi32(dot[1][t], _mm256_madd_epi16(w1, xb));
+        }
+      }
+      if constexpr (E > 0) {
+        const __m256 ws = _mm256_load_ps(sc + p * 8);
+        for (int t = 0; t < NT; ++t)
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(join_rows(dot[0][t], dot[1][t])), ws, acc[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      __m256 out;
+      if constexpr (S == Scales::kRowToken)  // W8A8: float(dot) * (xscale * scale), as the GEMV
+        out = _mm256_mul_ps(_mm256_cvtepi32_ps(join_rows(dot[0][t], dot[1][t])),
+                            _mm256_mul_ps(_mm256_set1_ps(a.xs[t0 + t]), _mm256_load_ps(sc)));
+      else
+        out = _mm256_mul_ps(acc[t], _mm256_set1_ps(a.xs[t0 + t]));
+      float* dst = y + (t0 + t) * ldy + r;
+      if (n == kRows) {
+        _mm256_storeu_ps(dst, out);
+      } else {
+        alignas(32) float tmp[kRows];
+        _mm256_store_ps(tmp, out);
+        std::memcpy(dst, tmp, size_t(n) * sizeof(float));
+      }
+    }
+  }
+
+  // Tokens per tile: 6 with int32 accumulators only, 4 with the fp32 ones too (16 ymm).
+  static constexpr int kMaxNT = E == 0 ? 6 : 4;
+
+  template <int NT = kMaxNT>
+  void tail(int64_t m, int64_t t0) const {
+    if constexpr (NT > 1)
+      if (m < NT) return tail<NT - 1>(m, t0);
+    tile<NT>(t0);
+  }
+
+  void run() const {
+    for (int64_t t0 = 0; t0 < a.T; t0 += kMaxNT) tail(std::min<int64_t>(kMaxNT, a.T - t0), t0);
+  }
+};
+
+// One thread's expanded block and its scales.
+struct Expanded {
+  AlignedVector<int16_t> codes;  // (kRows, kp) in the block layout
+  AlignedVector<float> scale;    // (groups, kRows)
+};
+
+template <int E, Scales S, class Rows>
+void gemm_rows(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
+               Rows& rows, Expanded& ex) {
+  const int64_t kp = w.kp, groups = scale_groups(w);
+  for (int64_t r = r0; r < r1; r += kRows) {
+    const int64_t n = std::min(kRows, r1 - r);
+    expand_block(w, rows, r, r1, ex.codes.data());
+    // w.scale is (rows, groups); rows past r1 get 0 (their outputs are not stored)
+    for (int64_t i = 0; i < kRows; ++i)
+      for (int64_t g = 0; g < groups; ++g)
+        ex.scale[g * kRows + i] = i < n ? w.scale[(r + i) * groups + g] : 0.f;
+    Kernel<E, S>{ex.codes.data(), ex.scale.data(), a, kp, y, ldy, r, n}.run();
+  }
+}
+
+template <class Rows>
+void gemm_format(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0,
+                 int64_t r1, Rows&& rows, Expanded& ex) {
+  if (!fmt_traits(w.fmt).grouped) return gemm_rows<0, Scales::kRowToken>(w, a, y, ldy, r0, r1, rows, ex);
+  with_group(w.group, [&](auto g) {
+    gemm_rows<decltype(g)::value, Scales::kGroupToken>(w, a, y, ldy, r0, r1, rows, ex);
+  });
+}
+
+}  // namespace
+
+void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  thread_local Expanded ex;
+  const size_t codes = size_t(kRows * w.kp), scales = size_t(kRows * scale_groups(w));
+  if (ex.codes.size() < codes) ex.codes.resize(codes);
+  if (ex.scale.size() < scales) ex.scale.resize(scales);
+  switch (w.fmt) {
+    case Fmt::I8_R16: return gemm_format(w, a, y, ldy, r0, r1, NoRows{}, ex);
+    case Fmt::SP_I8: return gemm_format(w, a, y, ldy, r0, r1, SpI8Rows{w, {}, {}}, ex);
+    case Fmt::SP_I4: return gemm_format(w, a, y, ldy, r0, r1, SpI4Rows{w, {}, {}, {}}, ex);
+    case Fmt::I4: return gemm_format(w, a, y, ldy, r0, r1, I4Rows{w, {}, {}}, ex);
+    default: return gemm_format(w, a, y, ldy, r0, r1, S24Rows{w, {}, {}}, ex);  // S24_I8
+  }
+}
+
+// quantize_row's per-token int8 (the GEMV's codes), widened to int16.
+void quantize_row_i16(const float* x, int64_t n, int8_t* q, int16_t* xw, float* scale) {
+  quantize_row(x, n, q, scale);
+  for (int64_t i = 0; i < n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xw + i),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
+}
+
+}  // namespace sl::avx2
