@@ -251,10 +251,10 @@ GEMM_FORMATS = [f for f in FORMATS if _gemv_limit(f) < 40]
 @pytest.mark.parametrize("fmt", GEMM_FORMATS)
 @pytest.mark.parametrize("prompt", [False, True])
 def test_gemm_over_several_panels_and_k_blocks(isa, rng, fmt, prompt):
-    """The GEMMs (T above the GEMV's limit: decoded panels, or the integer GEMMs) on rows
-    that end inside a panel / a 16- or 32-row unit and a width of several k blocks with a partial last
-    one (the panel GEMM's blocks are 1024 columns); each token's result is the same whatever
-    tokens share the call."""
+    """The GEMMs (T above the GEMV's limit: decoded panels, or the integer GEMMs) on rows that
+    end inside a panel / a 16- or 32-row unit and a width of several k blocks with a partial
+    last one (the panel GEMM's blocks are 1024 columns); each token's result is the same
+    whatever tokens share the call."""
     shape = (100, 2100)
     w, mask = random_weight(rng, shape, fmt)
     p = kernels.pack(w, fmt, mask)
