@@ -1,6 +1,9 @@
 // Int4 group-wise GEMV (fp32 activations), AVX2. One 16-byte load gives 32 weights; nibbles are
 // widened to fp32 and FMA'd against x; the per-group scale and zero point are applied once per
-// group (see gemv_int4.cpp for the algebra).
+// group (see gemv_int4.cpp for the algebra). The group size is a compile-time constant
+// (with_group): read at run time, the per-group loop's bookkeeping cost the W4A8 GEMV 13-23%
+// and W4A16 6-48% of its weight bandwidth at T == 1 on AMD Zen 3 (TinyLlama-1.1B shapes,
+// 2 threads, interleaved runs of kernels.bench's bench_gemv).
 #include <immintrin.h>
 
 #include "common.h"
@@ -28,9 +31,11 @@ static inline float zero_point_term(const Weight& w, int64_t r, const float* gsu
   return c;
 }
 
-void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+template <int G>
+static void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* W = static_cast<const uint8_t*>(w.data);
-  const int64_t kp = w.kp, ng = kp / w.group, bpg = w.group / 32;
+  constexpr int64_t bpg = G / 32;
+  const int64_t kp = w.kp, ng = kp / G;
   // 3 tokens per tile: 3 x (acc, g0, g1) + the block's 4 widened weight vectors.
   for_rows_and_tiles<3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
@@ -65,12 +70,19 @@ void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
   });
 }
 
+void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  with_group(w.group, [&](auto g) { i4_rows<decltype(g)::value>(w, a, y, ldy, r0, r1); });
+}
+
 // W4A8: unsigned nibbles x signed int8 activations is exactly what maddubs multiplies
 // (pair sums <= 2*15*127, no saturation): ~10 instructions per 32 weights instead of ~18.
 // The nibbles of a block are unpacked once for all tokens of the tile.
-void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+template <int G>
+static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
+                      int64_t r1) {
   const uint8_t* W = static_cast<const uint8_t*>(w.data);
-  const int64_t kp = w.kp, ng = kp / w.group, bpg = w.group / 32;
+  constexpr int64_t bpg = G / 32;
+  const int64_t kp = w.kp, ng = kp / G;
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
     const __m128i low4 = _mm_set1_epi8(0x0f);
@@ -100,6 +112,10 @@ void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
       y[(t0 + t) * ldy + r] =
           (hsum(acc[t]) - zero_point_term(w, r, a.gsum + (t0 + t) * ng)) * a.xscale[t0 + t];
   });
+}
+
+void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  with_group(w.group, [&](auto g) { i4a8_rows<decltype(g)::value>(w, a, y, ldy, r0, r1); });
 }
 
 }  // namespace sl::avx2
