@@ -45,8 +45,8 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(xsum, size_t(T));
   grow(gsum, size_t(kMaxMulti * T * kp / 32));
   grow(panel, size_t(num_threads() * kPanelRows * kp));
-  grow(xu, size_t(T * kp));
-  grow(xw, size_t(T * kp));
+  if (use_avx512()) grow(xu, size_t(T * kp));  // the integer GEMM's codes on this ISA
+  else if (use_avx2()) grow(xw, size_t(T * kp));
   grow(xgscale, size_t(T * kp / 32));
 }
 
