@@ -156,9 +156,10 @@ struct Acts {
                                   // sums of x (xq for W4A8)
 };
 
-// Activations of the integer GEMMs of prefill (AVX-512 int8, AVX2 int16): x's int8 codes, (T, kp),
-// and their scales, per token (W8A8, W4A8: the GEMV's xq / xscale) or per group of columns,
-// (T, kp / group) (weight-only formats: quantized for the GEMM alone, int_gemm_act_group).
+// Activations of the integer GEMMs of prefill (AVX-512 int8, AVX2 int16): x's int8 codes,
+// (T, kp), and their scales, per token (W8A8, W4A8: the GEMV's xq / xscale) or per group of
+// columns, (T, kp / group) (weight-only formats: quantized for the GEMM alone,
+// int_gemm_act_group).
 struct GemmActs {
   int64_t T = 0;
   const uint8_t* xu = nullptr;   // AVX-512: codes + 128
@@ -371,6 +372,11 @@ constexpr bool fmt_traits_in_enum_order() {
 static_assert(fmt_traits_in_enum_order(), "kFmtTraits: one row per Fmt, in the enum's order");
 
 inline const FmtTraits& fmt_traits(Fmt f) { return kFmtTraits[int(f)]; }
+
+// A weight's scales per row: one per int4 group, else one (w.scale is (rows, scale_groups)).
+inline int64_t scale_groups(const Weight& w) {
+  return fmt_traits(w.fmt).grouped ? w.kp / w.group : 1;
+}
 
 // Dequantize rows [r0, r1) of any format into out (r1-r0, kp) fp32 (the same values on every
 // ISA: an AVX-512 decoder is only faster).

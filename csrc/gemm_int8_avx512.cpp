@@ -43,8 +43,6 @@ int64_t dot_period(const Weight& w) {
   return fmt_traits(w.fmt).grouped ? w.group : int_gemm_act_group(w);
 }
 
-// The weight's scales per row: one per int4 group, else one.
-int64_t scale_groups(const Weight& w) { return fmt_traits(w.fmt).grouped ? w.kp / w.group : 1; }
 
 // Row streams: begin(i, row) starts slot i on a weight row, next(i, k) returns its signed
 // values at columns [k, k + 64) (called for k = 0, 64, ... in order).

@@ -34,8 +34,6 @@ namespace {
 
 constexpr int64_t kRows = 8;  // rows per expanded block
 
-int64_t scale_groups(const Weight& w) { return fmt_traits(w.fmt).grouped ? w.kp / w.group : 1; }
-
 // Row streams: begin(i, row) starts slot i on a weight row, next(i, k) returns its signed codes
 // at columns [k, k + 32) (called for k = 0, 32, ... in order).
 struct NoRows {  // Fmt::I8_R16 is stored as blocks already (expand_block widens them)
@@ -97,10 +95,9 @@ struct SpI4Rows {  // Fmt::SP_I4: 4 mask bytes of signed nibbles (expand_nibble_
 };
 
 // Fmt::S24_I8: a 64-column block holds 4 chunks of 16 columns; chunk c's 8 values are slot
-// kSlotChunk[c]'s (an involution), and byte b of the meta word holds value b's selector of slot
-// s in bits 2s, 2s + 1. A 128-bit lane places one chunk with a pshufb: column j is in group
-// m = j / 4, which holds values 2m (at j % 4 == sel(2m)) and 2m + 1 (at sel(2m + 1), which wins
-// a tie, as in the scalar walk).
+// kSlotChunk[c]'s (an involution), whose columns within the chunk s24_control gives. A 128-bit
+// lane places one chunk with a pshufb: column j is in group m = j / 4, which holds values 2m
+// and 2m + 1 (the latter wins a tie, as in the scalar walk).
 struct S24Rows {
   const Weight& w;
   const int8_t* v[kRows];
@@ -111,20 +108,22 @@ struct S24Rows {
   }
   __m256i next(int i, int64_t k) {
     const int8_t* vals = v[i] + k / 64 * 32;
-    const uint64_t mw = meta[i][k / 64];
     const int sa = kSlotChunk[k % 64 / 16], sb = kSlotChunk[k % 64 / 16 + 1];
-    const uint64_t ones = 0x0303030303030303ull;
-    const __m256i sel = _mm256_setr_epi64x(int64_t((mw >> (2 * sa)) & ones), 0,
-                                           int64_t((mw >> (2 * sb)) & ones), 0);
-    const __m256i x = _mm256_set_m128i(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + 8 * sb)),
-                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + 8 * sa)));
+    // slot sa's columns in the low qword of lane 0, slot sb's in that of lane 1
+    const __m256i cols = _mm256_permutevar8x32_epi32(
+        s24_control(meta[i][k / 64]),
+        _mm256_setr_epi32(2 * sa, 2 * sa + 1, 0, 0, 2 * sb, 2 * sb + 1, 0, 0));
+    const auto slot = [&](int s) {
+      return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + 8 * s));
+    };
+    const __m256i x = _mm256_set_m128i(slot(sb), slot(sa));
     const __m256i even = _mm256_setr_epi8(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6,
                                           0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
     const __m256i odd = _mm256_add_epi8(even, _mm256_set1_epi8(1));
-    const __m256i col = _mm256_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3,
-                                         0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
-    const __m256i at0 = _mm256_cmpeq_epi8(col, _mm256_shuffle_epi8(sel, even));
-    const __m256i at1 = _mm256_cmpeq_epi8(col, _mm256_shuffle_epi8(sel, odd));
+    const __m256i col = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                                         0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i at0 = _mm256_cmpeq_epi8(col, _mm256_shuffle_epi8(cols, even));
+    const __m256i at1 = _mm256_cmpeq_epi8(col, _mm256_shuffle_epi8(cols, odd));
     __m256i ctrl = _mm256_blendv_epi8(_mm256_set1_epi8(char(0x80)), even, at0);
     ctrl = _mm256_blendv_epi8(ctrl, odd, at1);
     return _mm256_shuffle_epi8(x, ctrl);
@@ -164,7 +163,8 @@ void expand_block(const Weight& w, Rows& rows, int64_t r, int64_t r1, int16_t* b
   if (w.fmt == Fmt::I8_R16) {  // the block is half of a 16-row int8 block already
     const int8_t* src = r16_block(w, r / kRowBlock16) + 32 * (r % kRowBlock16 / kRows);
     for (int64_t k = 0; k < w.kp; k += 4)
-      store_widened(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * k)), blk + 8 * k);
+      store_widened(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * k)),
+                    blk + 8 * k);
     return;
   }
   for (int i = 0; i < n; ++i) rows.begin(i, r + i);
@@ -181,7 +181,8 @@ enum class Scales { kRowToken, kGroupToken };
 
 // A block's int32 lanes (two per row, rows 0-3 in a, 4-7 in b) -> the 8 rows' dots in order.
 inline __m256i join_rows(__m256i a, __m256i b) {
-  return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a, b), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a, b),
+                                     _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
 }
 
 template <int E, Scales S>
@@ -277,7 +278,8 @@ void gemm_rows(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_
 template <class Rows>
 void gemm_format(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0,
                  int64_t r1, Rows&& rows, Expanded& ex) {
-  if (!fmt_traits(w.fmt).grouped) return gemm_rows<0, Scales::kRowToken>(w, a, y, ldy, r0, r1, rows, ex);
+  if (!fmt_traits(w.fmt).grouped)
+    return gemm_rows<0, Scales::kRowToken>(w, a, y, ldy, r0, r1, rows, ex);
   with_group(w.group, [&](auto g) {
     gemm_rows<decltype(g)::value, Scales::kGroupToken>(w, a, y, ldy, r0, r1, rows, ex);
   });
@@ -303,8 +305,9 @@ void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t
 void quantize_row_i16(const float* x, int64_t n, int8_t* q, int16_t* xw, float* scale) {
   quantize_row(x, n, q, scale);
   for (int64_t i = 0; i < n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xw + i),
-                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(xw + i),
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
 }
 
 }  // namespace sl::avx2

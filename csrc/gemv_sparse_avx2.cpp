@@ -163,16 +163,6 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
   });
 }
 
-// 2:4: build the pshufb control for one 64-column block from its selectors (see layout notes
-// in gemv_sparse.cpp): qword s of the result holds slot s's 8 column indices within its chunk.
-static inline __m256i s24_control(uint64_t meta) {
-  const __m256i sel = _mm256_and_si256(
-      _mm256_srlv_epi64(_mm256_set1_epi64x(int64_t(meta)), _mm256_setr_epi64x(0, 2, 4, 6)),
-      _mm256_set1_epi8(3));
-  const __m256i base = _mm256_set1_epi64x(0x0c0c080804040000ll);  // 4 * (b / 2)
-  return _mm256_add_epi8(sel, base);
-}
-
 void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                    int64_t r1) {
   const int8_t* V = static_cast<const int8_t*>(w.data);

@@ -38,8 +38,9 @@ constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one 
 // it a GEMM runs (faster per token for prefill, but rounding differs): the integer GEMM of
 // the int8-activation formats on AVX2 (int16) and AVX-512 (int8; there also weight-only int4 /
 // int8 in a prompt, LinearScratch::prompt), which keeps W8A8's GEMV bits (common.h GemmActs),
-// otherwise weight panels decoded to fp32 once. The limit is the format's, per activation type (kFmtTraits);
-// set_gemv_max_tokens(n > 0) overrides it for measurements, 0 restores the defaults.
+// otherwise weight panels decoded to fp32 once. The limit is the format's, per activation type
+// (kFmtTraits); set_gemv_max_tokens(n > 0) overrides it for measurements, 0 restores the
+// defaults.
 int64_t gemv_max_tokens(const Weight& w);
 void set_gemv_max_tokens(int64_t n);
 

@@ -117,6 +117,16 @@ inline uint32_t load_u32(const uint8_t* p) {
   return v;
 }
 
+// 2:4: build the pshufb control for one 64-column block from its selectors (see layout notes
+// in gemv_sparse.cpp): qword s of the result holds slot s's 8 column indices within its chunk.
+inline __m256i s24_control(uint64_t meta) {
+  const __m256i sel = _mm256_and_si256(
+      _mm256_srlv_epi64(_mm256_set1_epi64x(int64_t(meta)), _mm256_setr_epi64x(0, 2, 4, 6)),
+      _mm256_set1_epi8(3));
+  const __m256i base = _mm256_set1_epi64x(0x0c0c080804040000ll);  // 4 * (b / 2)
+  return _mm256_add_epi8(sel, base);
+}
+
 // Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):
 // y[t, r] = row_scale(r) * dot(W[r], x[t]), W stored as V, load8(p) widens 8 of them. A = 2
 // (the default): 16 columns per step, two accumulators per token (enough to stream DRAM at
