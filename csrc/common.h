@@ -152,6 +152,7 @@ struct Acts {
   const int8_t* xq = nullptr;     // (T, kp) int8, act_int8 formats only
   const float* xscale = nullptr;  // (T,) x[t] ~= xq[t] * xscale[t]
   const int32_t* xsum = nullptr;  // (T,) sum of xq[t], act_int8 formats only
+  const int16_t* xw = nullptr;    // (T, kp) xq widened to int16, act_int8 formats on AVX2
   const float* gsum = nullptr;    // (T, kp/group) I4, and SP_I4 W4A8 on AVX-512: per-group
                                   // sums of x (xq for W4A8)
 };

@@ -67,8 +67,9 @@ void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   }, [&w](int64_t r) { return w.scale[r]; });
 }
 
-// W8A8 bitmask: 32 columns are expanded (two 16-byte shuffles) and widened to int16 once per
-// tile; a token then costs a widening and two madds (dot_i8). 8 tokens per tile, so T <= 8 expands each row once.
+// W8A8 bitmask: 16 columns at a time expanded straight to int16 (expand16_i16) and multiplied
+// with each token's int16 codes (Acts::xw, widened once per call) by one madd. 8 tokens per
+// tile, so T <= 8 expands each row once.
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int8_t* V = static_cast<const int8_t*>(w.data);
   const int64_t kp = w.kp;
@@ -76,19 +77,24 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
     constexpr int NT = decltype(nt)::value;
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const int8_t* v = V + w.row_off[r];
-    const int8_t* xq = a.xq + t0 * kp;
+    const int16_t* xw = a.xw + t0 * kp;
     __m256i acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_si256();
+    const uint8_t* spread = &kT.spread[0][0];
     for (int64_t c = 0; c < kp / 8; c += 4) {  // 32 columns per step
-      const uint32_t m4 = load_u32(mrow + c);
-      const uint32_t b0 = m4 & 255, b1 = (m4 >> 8) & 255, b2 = (m4 >> 16) & 255, b3 = m4 >> 24;
-      const int n01 = __builtin_popcount(m4 & 0xffffu);
-      const I16x32 wv = widen_i8(
-          _mm256_set_m128i(expand16_i8(v + n01, b2, b3), expand16_i8(v, b0, b1)));
-      v += __builtin_popcount(m4);
+      // Mask bytes as table offsets (16 bytes per entry) and the values' offsets: two
+      // instructions each, where extracting and scaling a byte costs three.
+      const uint32_t m = load_u32(mrow + c);
+      const int8_t* v1 = v + __builtin_popcount(m & 0xff);
+      const int8_t* v2 = v + __builtin_popcount(m & 0xffff);
+      const int8_t* v3 = v + __builtin_popcount(m & 0xffffff);
+      const __m256i w0 = expand16_i16(v, v1, spread + ((m << 4) & 0xff0), spread + ((m >> 4) & 0xff0));
+      const __m256i w1 = expand16_i16(v2, v3, spread + ((m >> 12) & 0xff0), spread + ((m >> 20) & 0xff0));
+      v += __builtin_popcount(m);
       for (int t = 0; t < NT; ++t) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * kp + 8 * c));
-        acc[t] = dot_i8(acc[t], wv, x);
+        const __m256i* x = reinterpret_cast<const __m256i*>(xw + t * kp + 8 * c);
+        acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(x)),
+                                                           _mm256_madd_epi16(w1, _mm256_loadu_si256(x + 1))));
       }
     }
     for (int t = 0; t < NT; ++t)
@@ -104,6 +110,7 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
     constexpr int NT = decltype(nt)::value;
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
+    const uint8_t* spread = &kT.spread_nibbles[0][0];
     int64_t p = 0;  // nibble index into this row's packed values
     __m256 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
@@ -128,36 +135,51 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   });
 }
 
-// W4A8 bitmask: 8 columns at a time expanded to signed bytes as in gemv_sp_i4, four of them
-// joined into 32 columns for the int8 dot (dot_i8) of each token; one int32
-// accumulator per token and group, scaled into fp32 at the group's end.
+// W4A8 bitmask: 16 columns at a time expanded straight to int16 (expand16_nibbles_i16) and
+// multiplied with each token's int16 codes (Acts::xw) by one madd; one int32 accumulator per
+// token and group, scaled into fp32 at the group's end. One flat loop over the row (the group
+// ends counted down) measured 1.16x the nested group loop at group 32. Still ~4x slower than
+// the dense int4 W4A8 GEMV per column from cache (kernels/bench.py "hot GB/s": 2.9 vs 12 on
+// Zen 3): the nibble stream costs two more shifts and a GPR-to-vector move per 16 columns.
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
-  const int64_t kp = w.kp, ng = kp / w.group, chunks_per_group = w.group / 8;
-  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+  const int64_t kp = w.kp, ng = kp / w.group, steps_per_group = w.group / 32;
+  for_rows_and_tiles<8>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
+    const int16_t* xw = a.xw + t0 * kp;
+    const float* scale = w.scale + r * ng;
+    const uint8_t* spread = &kT.spread_nibbles[0][0];
     int64_t p = 0;  // nibble index into this row's packed values
     __m256 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < ng; ++g) {
-      __m256i gi[NT];
-      for (int t = 0; t < NT; ++t) gi[t] = _mm256_setzero_si256();
-      for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 4) {
-        __m128i e[4];
-        expand_nibble_chunks<4>(vals, mrow, c, p, e);
-        const I16x32 wv = widen_i8(_mm256_set_m128i(_mm_unpacklo_epi64(e[2], e[3]),
-                                                     _mm_unpacklo_epi64(e[0], e[1])));
+    __m256i gi[NT];  // the current group's exact dot products
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps(), gi[t] = _mm256_setzero_si256();
+    int64_t steps_left = steps_per_group;
+    for (int64_t c = 0; c < kp / 8; c += 4) {  // 32 columns per step
+      if (c % 8 == 0) p = sp_i4_word_start(p);
+      const uint32_t m = load_u32(mrow + c);
+      const int64_t p1 = p + __builtin_popcount(m & 0xff), p2 = p + __builtin_popcount(m & 0xffff),
+                    p3 = p + __builtin_popcount(m & 0xffffff);
+      const __m256i w0 = expand16_nibbles_i16(vals, p, p1, spread + ((m << 4) & 0xff0),
+                                              spread + ((m >> 4) & 0xff0));
+      const __m256i w1 = expand16_nibbles_i16(vals, p2, p3, spread + ((m >> 12) & 0xff0),
+                                              spread + ((m >> 20) & 0xff0));
+      p += __builtin_popcount(m);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i* x = reinterpret_cast<const __m256i*>(xw + t * kp + 8 * c);
+        gi[t] = _mm256_add_epi32(gi[t], _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(x)),
+                                                         _mm256_madd_epi16(w1, _mm256_loadu_si256(x + 1))));
+      }
+      if (--steps_left == 0) {  // the group's end: scale into fp32
+        const __m256 s = _mm256_set1_ps(*scale++);
+        steps_left = steps_per_group;
         for (int t = 0; t < NT; ++t) {
-          const __m256i x = _mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(a.xq + (t0 + t) * kp + 8 * c));
-          gi[t] = dot_i8(gi[t], wv, x);
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi[t]), s, acc[t]);
+          gi[t] = _mm256_setzero_si256();
         }
       }
-      const __m256 s = _mm256_set1_ps(w.scale[r * ng + g]);
-      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi[t]), s, acc[t]);
     }
     for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = hsum(acc[t]) * a.xscale[t0 + t];
   });

@@ -45,7 +45,7 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(xsum, size_t(T));
   grow(gsum, size_t(kMaxMulti * T * kp / 32));
   grow(panel, size_t(num_threads() * kPanelRows * kp));
-  if (use_avx512()) grow(xu, size_t(T * kp));  // the integer GEMM's codes on this ISA
+  if (use_avx512()) grow(xu, size_t(T * kp));  // the integer codes this ISA multiplies
   else if (use_avx2()) grow(xw, size_t(T * kp));
   grow(xgscale, size_t(T * kp / 32));
 }
@@ -87,7 +87,9 @@ static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t k
   if (int8)
     for (int64_t t = 0; t < T; ++t) {
       int8_t* q = s.xq.data() + t * kp;
-      quantize_int8_row(xp + t * kp, kp, q, &s.xscale[t]);
+      if (!use_avx512() && use_avx2())  // + int16 codes: the AVX2 bitmask W8A8 GEMV's operand
+        avx2::quantize_row_i16(xp + t * kp, kp, q, s.xw.data() + t * kp, &s.xscale[t]);
+      else quantize_int8_row(xp + t * kp, kp, q, &s.xscale[t]);
       if (use_avx512()) s.xsum[t] = std::accumulate(q, q + kp, int32_t(0));  // read by them only
     }
 }
@@ -204,6 +206,7 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     a.xq = s.xq.data();
     a.xscale = s.xscale.data();
     a.xsum = s.xsum.data();
+    a.xw = s.xw.data();
     const Gemv& gemv = pick_gemv(w);
     fns[i] = gemv.fn;
     // (Only for kernels that read them, kFmtTraits' kGroupSums: dense int4, and sparse W4A8 on

@@ -57,6 +57,10 @@ struct Tables {
   alignas(32) int32_t perm[256][8] = {};  // lane j <- packed value rank(j) (fp32 expansion)
   alignas(32) int32_t keep[256][8] = {};  // lane j kept ? -1 : 0
   uint64_t shuf[256] = {};  // byte j <- packed byte rank(j), or 0x80 (zero) if column j dropped
+  // int16 lane j: high byte <- packed byte rank(j), low byte zero (both zero if j dropped)
+  alignas(16) uint8_t spread[256][16] = {};
+  // The same for the nibble source of expand16_nibbles_i16: rank k in byte (k & 1) * 8 + k / 2.
+  alignas(16) uint8_t spread_nibbles[256][16] = {};
   constexpr Tables() {
     for (int m = 0; m < 256; ++m) {
       uint64_t s = 0;
@@ -65,6 +69,10 @@ struct Tables {
         perm[m][j] = on ? rank : 0;
         keep[m][j] = on ? -1 : 0;
         s |= uint64_t(on ? rank : 0x80) << (8 * j);
+        spread[m][2 * j] = 0x80;
+        spread[m][2 * j + 1] = uint8_t(on ? rank : 0x80);
+        spread_nibbles[m][2 * j] = 0x80;
+        spread_nibbles[m][2 * j + 1] = uint8_t(on ? (rank & 1) * 8 + rank / 2 : 0x80);
         rank += on;
       }
       shuf[m] = s;
@@ -84,6 +92,41 @@ inline __m128i expand16_i8(const int8_t* v, uint32_t m0, uint32_t m1) {
   const __m128i ctrl = _mm_set_epi64x(int64_t(kT.shuf[m1] + __builtin_popcount(m0) * kOnes),
                                       int64_t(kT.shuf[m0]));
   return _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)), ctrl);
+}
+
+// 16 dense columns as int16 from packed int8 values: columns 0..7 (low 128-bit lane) from the
+// values at v0 placed by the spread control c0 (kT.spread[mask byte]), columns 8..15 from v1
+// by c1. One in-lane shuffle puts each value in the high byte of its column's int16 and the
+// arithmetic shift sign-extends it: madd's operand in 4 vector instructions.
+inline __m256i expand16_i16(const int8_t* v0, const int8_t* v1, const uint8_t* c0,
+                            const uint8_t* c1) {
+  const __m256i vals = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(v1),
+                                           reinterpret_cast<const __m128i*>(v0));
+  const __m256i ctrl = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(c1),
+                                           reinterpret_cast<const __m128i*>(c0));
+  return _mm256_srai_epi16(_mm256_shuffle_epi8(vals, ctrl), 8);
+}
+
+// 16 dense columns as int16 from a nibble stream: columns 0..7 (control c0, the
+// kT.spread_nibbles entry of their mask byte) from nibble p0 on, 8..15 (c1) from nibble p1 on.
+// Each lane takes 16 nibbles as a 64-bit word shifted to start at its first nibble and puts
+// beside it its copy shifted up by 4 (every even nibble now in its byte's high half); the
+// shuffle moves each kept nibble's byte into the high byte of its column's int16, and the
+// shift by 12 sign-extends the 4 bits, dropping the neighbouring nibble.
+inline uint64_t nibbles_from(const uint8_t* vals, int64_t p) {
+  uint64_t v;
+  __builtin_memcpy(&v, vals + (p >> 1), 8);
+  return v >> ((p & 1) * 4);
+}
+inline __m256i expand16_nibbles_i16(const uint8_t* vals, int64_t p0, int64_t p1,
+                                    const uint8_t* c0, const uint8_t* c1) {
+  const __m256i raw = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_cvtsi64_si128(int64_t(nibbles_from(vals, p0)))),
+      _mm_cvtsi64_si128(int64_t(nibbles_from(vals, p1))), 1);
+  const __m256i src = _mm256_unpacklo_epi64(_mm256_slli_epi16(raw, 4), raw);
+  const __m256i ctrl = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(c1),
+                                           reinterpret_cast<const __m128i*>(c0));
+  return _mm256_srai_epi16(_mm256_shuffle_epi8(src, ctrl), 12);
 }
 
 // The 8 columns of mask byte m as signed bytes (low half of the result): 8 bytes = 16 nibbles

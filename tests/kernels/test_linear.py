@@ -96,6 +96,23 @@ def test_sparse_bytes_shrink_with_density(rng):
     assert sparse < 0.7 * dense and s24 < 0.7 * dense
 
 
+BITMASK_FORMATS = [f for f in FORMATS if parse_format(f).sparsity is Sparsity.BITMASK]
+
+
+@pytest.mark.parametrize("fmt", BITMASK_FORMATS)
+@pytest.mark.parametrize("density", [0.0, 0.08, 0.92, 1.0])
+def test_bitmask_kernels_at_every_density(isa, rng, fmt, density):
+    """Empty and full mask bytes and words (8 kept values per byte, 64 nibbles per word) are
+    the expansions' edge cases; 50% masks (test_linear_matches_reference) rarely reach them."""
+    shape = (19, 320)
+    w, _ = random_weight(rng, shape, fmt)
+    p = kernels.pack(w, fmt, rng.random(shape) < density)
+    for T in (1, 3, 17):
+        x = rng.standard_normal((T, shape[1])).astype(np.float32)
+        np.testing.assert_allclose(kernels.linear(x, p), ref.linear_as_run(x, p, False),
+                                   **tolerance(fmt), err_msg=f"{fmt} {density} T={T} {isa}")
+
+
 @pytest.mark.parametrize("fmt", ["int8_a8", "sparse_int8_a8", "2:4_int8_a8"])
 def test_w8a8_results_are_bitwise_the_same_on_every_isa(rng, fmt):
     """Per-channel W8A8 dot products are exact int32, so the scalar, AVX2 and AVX-512
