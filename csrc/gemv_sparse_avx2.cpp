@@ -102,34 +102,53 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
   });
 }
 
+// W4A16 bitmask: 16 columns at a time expanded to int16 as for W4A8, then widened to fp32
+// (8 columns per vector) against the tokens' fp32 activations; two fp32 accumulators per token
+// and group (even / odd 8 columns), scaled at the group's end. 3 tokens per tile: 3 x (acc,
+// ga, gb) + the four widened weight vectors.
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* V = static_cast<const uint8_t*>(w.data);
-  const int64_t kp = w.kp, ng = kp / w.group, chunks_per_group = w.group / 8;
-  // 3 tokens per tile: 3 x (acc, ga, gb) + the two expanded weight vectors.
+  const int64_t kp = w.kp, ng = kp / w.group, steps_per_group = w.group / 32;
   for_rows_and_tiles<3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
+    const float* scale = w.scale + r * ng;
     const uint8_t* spread = &kT.spread_nibbles[0][0];
     int64_t p = 0;  // nibble index into this row's packed values
-    __m256 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < ng; ++g) {
-      __m256 ga[NT], gb[NT];
-      for (int t = 0; t < NT; ++t) ga[t] = gb[t] = _mm256_setzero_ps();
-      for (int64_t c = g * chunks_per_group; c < (g + 1) * chunks_per_group; c += 2) {
-        __m128i e[2];
-        expand_nibble_chunks<2>(vals, mrow, c, p, e);
-        __m256 f[2];
-        for (int j = 0; j < 2; ++j) f[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e[j]));
+    __m256 acc[NT], ga[NT], gb[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = ga[t] = gb[t] = _mm256_setzero_ps();
+    int64_t steps_left = steps_per_group;
+    for (int64_t c = 0; c < kp / 8; c += 4) {  // 32 columns per step
+      if (c % 8 == 0) p = sp_i4_word_start(p);
+      const uint32_t m = load_u32(mrow + c);
+      const int64_t p1 = p + __builtin_popcount(m & 0xff), p2 = p + __builtin_popcount(m & 0xffff),
+                    p3 = p + __builtin_popcount(m & 0xffffff);
+      const __m256i w0 = expand16_nibbles_i16(vals, p, p1, spread + ((m << 4) & 0xff0),
+                                              spread + ((m >> 4) & 0xff0));
+      const __m256i w1 = expand16_nibbles_i16(vals, p2, p3, spread + ((m >> 12) & 0xff0),
+                                              spread + ((m >> 20) & 0xff0));
+      p += __builtin_popcount(m);
+      const __m256 f[4] = {
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w0))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(w0, 1))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w1))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(w1, 1)))};
+      for (int t = 0; t < NT; ++t) {
+        const float* x = a.x + (t0 + t) * kp + 8 * c;
+        ga[t] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(x), ga[t]);
+        gb[t] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(x + 8), gb[t]);
+        ga[t] = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(x + 16), ga[t]);
+        gb[t] = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(x + 24), gb[t]);
+      }
+      if (--steps_left == 0) {  // the group's end
+        const __m256 s = _mm256_set1_ps(*scale++);
+        steps_left = steps_per_group;
         for (int t = 0; t < NT; ++t) {
-          const float* x = a.x + (t0 + t) * kp + 8 * c;
-          ga[t] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(x), ga[t]);
-          gb[t] = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(x + 8), gb[t]);
+          acc[t] = _mm256_fmadd_ps(_mm256_add_ps(ga[t], gb[t]), s, acc[t]);
+          ga[t] = gb[t] = _mm256_setzero_ps();
         }
       }
-      const __m256 s = _mm256_set1_ps(w.scale[r * ng + g]);
-      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_add_ps(ga[t], gb[t]), s, acc[t]);
     }
     for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + r] = hsum(acc[t]);
   });
