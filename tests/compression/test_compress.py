@@ -7,9 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from sparsellm import Engine, Pipeline, compress, load_checkpoint
+from sparsellm import Engine, Pipeline, compress, kernels, load_checkpoint
 from sparsellm.cli import main as cli_main
 from sparsellm.compression.calibration import calibration_samples
+from sparsellm.engine.weights import declared_packed, weight_formats
+from sparsellm.kernels.reference import dequantize
 
 
 def test_calibration_samples_deterministic(tiny_model, calib_texts):
@@ -109,7 +111,8 @@ def test_two_four_and_w4a16(tiny_model, calib_texts, tmp_path):
 
 def test_sparse_w4a8_checkpoint_runs_its_declared_format(tiny_model, calib_texts, tmp_path):
     """50% + W4A8 declares sparse int4 weights with int8 activations; the native engine runs
-    that format (sparse_int4_g*_a8) and tracks the NumPy reference engine."""
+    that format (sparse_int4_g*_a8) with AVX-512, its dense twin (the same integers) without,
+    and tracks the NumPy reference engine."""
     recipe = ("SparseGPTModifier: {sparsity: 0.5, mask_structure: '0:0'}\n"
               "GPTQModifier: {scheme: W4A8, ignore: [lm_head]}\n")
     compress(tiny_model, calib_texts, recipe, tmp_path / "o", 4, 32, progress=False)
@@ -121,11 +124,36 @@ def test_sparse_w4a8_checkpoint_runs_its_declared_format(tiny_model, calib_texts
         "sparse_int4_g128_a8"
     ids = ckpt.tokenizer.encode("def f(x):")
     native, numpy_ = Engine(ckpt, sequence_length=32), Engine(ckpt, 32, backend="numpy")
-    assert native.formats["model.layers.0.mlp.down_proj.weight"] == "sparse_int4_g128_a8"
+    name = "model.layers.0.mlp.down_proj.weight"
+    runs = "sparse_int4_g128_a8" if kernels.get_isa() == "avx512" else "int4_g128_a8"
+    assert native.formats[name] == numpy_.formats[name] == runs
     a, b = native.add_sequence(), numpy_.add_sequence()
     la, lb = native.prefill(a, ids), numpy_.prefill(b, ids)
     # The NumPy twin keeps fp32 activations; int8 ones perturb the logits a little.
     assert np.linalg.norm(la - lb) / np.linalg.norm(lb) < 0.05
+
+
+def test_sparse_int4_runs_dense_without_avx512(tiny_model, calib_texts, tmp_path):
+    """On AVX2 a checkpoint's bitmask int4 weights run as dense int4 (faster there): the same
+    exact integers, packed with the pruned ones as zeros; an explicit `weights=` keeps them."""
+    recipe = ("SparseGPTModifier: {sparsity: 0.5, mask_structure: '0:0'}\n"
+              "GPTQModifier: {scheme: W4A16, ignore: [lm_head]}\n")
+    compress(tiny_model, calib_texts, recipe, tmp_path / "o", 4, 32, progress=False)
+    ckpt = load_checkpoint(tmp_path / "o")
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert ckpt.weight_formats[name].name == "sparse_int4_g128"
+    kernels.set_isa("avx2")
+    try:
+        formats = weight_formats(ckpt)
+        assert formats[name] == "int4_g128"
+        assert weight_formats(ckpt, "sparse_int4_g128")[name] == "sparse_int4_g128"
+    finally:
+        kernels.set_isa("auto")
+    dense = declared_packed(ckpt, formats)[name]
+    sparse = declared_packed(ckpt, {name: "sparse_int4_g128"})[name]
+    assert (dense.format, sparse.format) == ("int4_g128", "sparse_int4_g128")
+    np.testing.assert_array_equal(dequantize(dense), dequantize(sparse))
+    assert (dequantize(dense) == 0).mean() >= 0.5
 
 
 def test_user_errors(tiny_model, calib_texts, tmp_path):

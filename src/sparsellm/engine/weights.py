@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
 
 import numpy as np
 
-from ..kernels import FORMATS, PackedWeight, pack, parse_format
+from ..kernels import FORMATS, PackedWeight, get_isa, pack, parse_format
 from ..kernels.formats import dense_twin, float_format, pack_quantized
 from ..kernels.reference import with_dequantized
 from ..models import Checkpoint
 from ..models.decoder import EMBEDDING
 from ..models.formats import WeightFormat
 from ..models.lazy import LazyTensors
+
+logger = logging.getLogger(__name__)
 
 
 def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[str, str]:
@@ -23,8 +26,9 @@ def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[s
     `weights`, when given, converts every linear weight on load (a sparse format keeps the zeros
     of a pruned checkpoint; the never-pruned lm_head gets its dense twin). Otherwise each weight
     runs in the format its checkpoint declares (`checkpoint.weight_formats`; a tied lm_head
-    follows the embedding's), else in the float format it is stored in (bf16 or fp16
-    checkpoints stay bf16 or fp16, never widened; everything else fp32).
+    follows the embedding's; bitmask int4 without AVX-512 runs dense, `dense_on_this_cpu`),
+    else in the float format it is stored in (bf16 or fp16 checkpoints stay bf16 or fp16,
+    never widened; everything else fp32).
     """
     names = checkpoint.linear_weight_names
     if weights is not None:
@@ -41,7 +45,23 @@ def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[s
         formats[name] = runnable(declared).name if declared else \
             float_format(checkpoint.stored_dtype(_stored_as(checkpoint, name)))
         parse_format(formats[name])  # an unsupported declared format fails here, by name
-    return formats
+    dense = {name: dense_twin(fmt) for name, fmt in formats.items() if dense_on_this_cpu(fmt)}
+    if dense:
+        logger.info("%d bitmask int4 weights run as %s: dense int4 is faster on this CPU (%s); "
+                    "weights=%r keeps them sparse", len(dense), ", ".join(sorted(set(
+                        dense.values()))), get_isa(), formats[next(iter(dense))])
+    return formats | dense
+
+
+def dense_on_this_cpu(fmt: str) -> bool:
+    """Whether a checkpoint's bitmask int4 weights run as their dense twin (the same integers,
+    the pruned ones stored as zeros): on CPUs without AVX-512 (VBMI2's vpexpandb), the AVX2
+    bitmask int4 GEMVs expand every 16 columns of nibbles through table shuffles at ~1/4 of the
+    dense int4 GEMV's speed per column (kernels/bench.py "hot GB/s", Zen 3), which the 20% fewer
+    bytes do not repay: the 50%-sparse TinyLlama-1.1B shape, 2 threads, decodes W4A8 at 10.3
+    tok/s bitmask, 23.4 dense, W4A16 g128 at 8.2 and 16.9 (128-token prefill: 65 vs 58 and 43
+    vs 56 tok/s). The dense twin holds 25% more weight bytes."""
+    return parse_format(fmt).kind == "sparse_int4" and get_isa() != "avx512"
 
 
 def declared_packed(checkpoint: Checkpoint, formats: dict[str, str]) -> dict[str, PackedWeight]:
@@ -51,9 +71,16 @@ def declared_packed(checkpoint: Checkpoint, formats: dict[str, str]) -> dict[str
     declared = _declared(checkpoint)
     for name, fmt in formats.items():
         qt = checkpoint.quantized.get(_stored_as(checkpoint, name))
-        if qt is None or qt.format != declared.get(name) or qt.format.name != fmt:
+        if qt is None or qt.format != declared.get(name):
             continue
-        packed[name] = pack_quantized(qt.q, qt.scale, fmt, qt.zero_point, qt.mask)
+        stored = qt.format.name  # may be one the kernels do not run ("int8_asym")
+        if fmt != stored and not (stored in FORMATS and fmt == dense_twin(stored)):
+            continue
+        if parse_format(fmt).sparse or qt.mask is None:
+            packed[name] = pack_quantized(qt.q, qt.scale, fmt, qt.zero_point, qt.mask)
+        else:  # a sparse checkpoint's integers in its dense twin: the pruned ones stored as 0
+            packed[name] = pack_quantized(np.where(qt.mask, qt.q, 0), qt.scale, fmt,
+                                          qt.zero_point)
     return packed
 
 
