@@ -1,13 +1,16 @@
 // Sparse GEMV, AVX2 (layouts documented in gemv_sparse.cpp).
 //
-// Bitmask formats expand the packed values back to dense 8/16-column chunks in registers with
-// one shuffle whose control comes from a 256-entry table indexed by a mask byte; the value
-// pointer then advances by popcount(mask byte). Weights are read once, in order; the expansion
-// costs ~10 instructions per 16 columns whatever the density, so at T = 1 these kernels are
-// compute-bound on AVX2 (~1/3 of the dense int8 kernel's weights/s from cache, measured with
-// kernels/bench.py "hot GB/s"). An in-register control computation (nibble popcounts +
-// prefix sums, no table lookups) was measured slower: it moves the work onto the two shuffle
-// ports. AVX-512 VBMI2's vpexpandb would do the expansion in one instruction.
+// Bitmask formats expand the packed values back to dense columns in registers with shuffles
+// whose controls come from 256-entry tables indexed by a mask byte; the value pointer then
+// advances by popcount(mask byte). Weights are read once, in order. The integer-activation
+// kernels (W8A8, W4A8) and W4A16 expand 16 columns at a time straight to int16
+// (simd_avx2.h expand32_i16 / expand32_nibbles_i16); the fp32 and W8A16 ones 8 columns to
+// fp32. The expansion costs the same instructions whatever the density, so at T = 1 these
+// kernels are compute-bound on AVX2 (bitmask W8A8 ~1/3 of the dense int8 kernel's weights/s
+// from cache, W4A8 ~1/4 of dense int4's, kernels/bench.py "hot GB/s"). An in-register control
+// computation (nibble popcounts + prefix sums, no table lookups) was measured slower: it moves
+// the work onto the two shuffle ports. AVX-512 VBMI2's vpexpandb does the expansion in one
+// instruction.
 //
 // The 2:4 format instead gathers the activations: 2-bit selectors become a pshufb control in
 // 4 instructions per 64 columns and the 32 packed weights are used as they are.
@@ -67,9 +70,9 @@ void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   }, [&w](int64_t r) { return w.scale[r]; });
 }
 
-// W8A8 bitmask: 16 columns at a time expanded straight to int16 (expand16_i16) and multiplied
-// with each token's int16 codes (Acts::xw, widened once per call) by one madd. 8 tokens per
-// tile, so T <= 8 expands each row once.
+// W8A8 bitmask: 32 columns at a time expanded to int16 (expand32_i16) and multiplied with each
+// token's int16 codes (Acts::xw, widened once per call) by two madds. 8 tokens per tile, so
+// T <= 8 expands each row once.
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int8_t* V = static_cast<const int8_t*>(w.data);
   const int64_t kp = w.kp;
@@ -80,29 +83,16 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
     const int16_t* xw = a.xw + t0 * kp;
     __m256i acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_si256();
-    const uint8_t* spread = &kT.spread[0][0];
     for (int64_t c = 0; c < kp / 8; c += 4) {  // 32 columns per step
-      // Mask bytes as table offsets (16 bytes per entry) and the values' offsets: two
-      // instructions each, where extracting and scaling a byte costs three.
-      const uint32_t m = load_u32(mrow + c);
-      const int8_t* v1 = v + __builtin_popcount(m & 0xff);
-      const int8_t* v2 = v + __builtin_popcount(m & 0xffff);
-      const int8_t* v3 = v + __builtin_popcount(m & 0xffffff);
-      const __m256i w0 = expand16_i16(v, v1, spread + ((m << 4) & 0xff0), spread + ((m >> 4) & 0xff0));
-      const __m256i w1 = expand16_i16(v2, v3, spread + ((m >> 12) & 0xff0), spread + ((m >> 20) & 0xff0));
-      v += __builtin_popcount(m);
-      for (int t = 0; t < NT; ++t) {
-        const __m256i* x = reinterpret_cast<const __m256i*>(xw + t * kp + 8 * c);
-        acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(x)),
-                                                           _mm256_madd_epi16(w1, _mm256_loadu_si256(x + 1))));
-      }
+      const I16x32 wv = expand32_i16(v, load_u32(mrow + c));
+      for (int t = 0; t < NT; ++t) acc[t] = dot_i16(acc[t], wv, xw + t * kp + 8 * c);
     }
     for (int t = 0; t < NT; ++t)
       y[(t0 + t) * ldy + r] = float(hsum_i32(acc[t])) * (a.xscale[t0 + t] * w.scale[r]);
   });
 }
 
-// W4A16 bitmask: 16 columns at a time expanded to int16 as for W4A8, then widened to fp32
+// W4A16 bitmask: 32 columns at a time expanded to int16 as for W4A8, then widened to fp32
 // (8 columns per vector) against the tokens' fp32 activations; two fp32 accumulators per token
 // and group (even / odd 8 columns), scaled at the group's end. 3 tokens per tile: 3 x (acc,
 // ga, gb) + the four widened weight vectors.
@@ -114,26 +104,17 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
     const uint8_t* mrow = w.mask + r * (kp / 8);
     const uint8_t* vals = V + w.row_off[r];
     const float* scale = w.scale + r * ng;
-    const uint8_t* spread = &kT.spread_nibbles[0][0];
     int64_t p = 0;  // nibble index into this row's packed values
     __m256 acc[NT], ga[NT], gb[NT];
     for (int t = 0; t < NT; ++t) acc[t] = ga[t] = gb[t] = _mm256_setzero_ps();
     int64_t steps_left = steps_per_group;
     for (int64_t c = 0; c < kp / 8; c += 4) {  // 32 columns per step
-      if (c % 8 == 0) p = sp_i4_word_start(p);
-      const uint32_t m = load_u32(mrow + c);
-      const int64_t p1 = p + __builtin_popcount(m & 0xff), p2 = p + __builtin_popcount(m & 0xffff),
-                    p3 = p + __builtin_popcount(m & 0xffffff);
-      const __m256i w0 = expand16_nibbles_i16(vals, p, p1, spread + ((m << 4) & 0xff0),
-                                              spread + ((m >> 4) & 0xff0));
-      const __m256i w1 = expand16_nibbles_i16(vals, p2, p3, spread + ((m >> 12) & 0xff0),
-                                              spread + ((m >> 20) & 0xff0));
-      p += __builtin_popcount(m);
+      const I16x32 wv = expand32_nibbles_i16(vals, c, load_u32(mrow + c), p);
       const __m256 f[4] = {
-          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w0))),
-          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(w0, 1))),
-          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w1))),
-          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(w1, 1)))};
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(wv.lo))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(wv.lo, 1))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(wv.hi))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(wv.hi, 1)))};
       for (int t = 0; t < NT; ++t) {
         const float* x = a.x + (t0 + t) * kp + 8 * c;
         ga[t] = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(x), ga[t]);
@@ -154,8 +135,8 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   });
 }
 
-// W4A8 bitmask: 16 columns at a time expanded straight to int16 (expand16_nibbles_i16) and
-// multiplied with each token's int16 codes (Acts::xw) by one madd; one int32 accumulator per
+// W4A8 bitmask: 32 columns at a time expanded to int16 (expand32_nibbles_i16) and multiplied
+// with each token's int16 codes (Acts::xw) by two madds; one int32 accumulator per
 // token and group, scaled into fp32 at the group's end. One flat loop over the row (the group
 // ends counted down) measured 1.16x the nested group loop at group 32. Still ~4x slower than
 // the dense int4 W4A8 GEMV per column from cache (kernels/bench.py "hot GB/s": 2.9 vs 12 on
@@ -170,27 +151,14 @@ void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
     const uint8_t* vals = V + w.row_off[r];
     const int16_t* xw = a.xw + t0 * kp;
     const float* scale = w.scale + r * ng;
-    const uint8_t* spread = &kT.spread_nibbles[0][0];
     int64_t p = 0;  // nibble index into this row's packed values
     __m256 acc[NT];
     __m256i gi[NT];  // the current group's exact dot products
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps(), gi[t] = _mm256_setzero_si256();
     int64_t steps_left = steps_per_group;
     for (int64_t c = 0; c < kp / 8; c += 4) {  // 32 columns per step
-      if (c % 8 == 0) p = sp_i4_word_start(p);
-      const uint32_t m = load_u32(mrow + c);
-      const int64_t p1 = p + __builtin_popcount(m & 0xff), p2 = p + __builtin_popcount(m & 0xffff),
-                    p3 = p + __builtin_popcount(m & 0xffffff);
-      const __m256i w0 = expand16_nibbles_i16(vals, p, p1, spread + ((m << 4) & 0xff0),
-                                              spread + ((m >> 4) & 0xff0));
-      const __m256i w1 = expand16_nibbles_i16(vals, p2, p3, spread + ((m >> 12) & 0xff0),
-                                              spread + ((m >> 20) & 0xff0));
-      p += __builtin_popcount(m);
-      for (int t = 0; t < NT; ++t) {
-        const __m256i* x = reinterpret_cast<const __m256i*>(xw + t * kp + 8 * c);
-        gi[t] = _mm256_add_epi32(gi[t], _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(x)),
-                                                         _mm256_madd_epi16(w1, _mm256_loadu_si256(x + 1))));
-      }
+      const I16x32 wv = expand32_nibbles_i16(vals, c, load_u32(mrow + c), p);
+      for (int t = 0; t < NT; ++t) gi[t] = dot_i16(gi[t], wv, xw + t * kp + 8 * c);
       if (--steps_left == 0) {  // the group's end: scale into fp32
         const __m256 s = _mm256_set1_ps(*scale++);
         steps_left = steps_per_group;

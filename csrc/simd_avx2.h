@@ -28,7 +28,7 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(h);
 }
 
-// 32 int8 values widened to int16: lo = values 0..15, hi = 16..31.
+// 32 int16 values (32 int8 ones widened, or 32 columns expanded): lo = 0..15, hi = 16..31.
 struct I16x32 {
   __m256i lo, hi;
 };
@@ -127,6 +127,40 @@ inline __m256i expand16_nibbles_i16(const uint8_t* vals, int64_t p0, int64_t p1,
   const __m256i ctrl = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(c1),
                                            reinterpret_cast<const __m128i*>(c0));
   return _mm256_srai_epi16(_mm256_shuffle_epi8(src, ctrl), 12);
+}
+
+// The 32 columns of mask bytes c .. c + 3 (4-byte mask word m) of a bitmask row as int16 from
+// its int8 values at v / its nibble stream from nibble p (which move past them; c % 8 == 0
+// starts a 64-column word, whose nibbles start on a byte). The mask bytes become table
+// offsets (16 bytes per entry) in two instructions each, where extracting and scaling a byte
+// costs three.
+inline I16x32 expand32_i16(const int8_t*& v, uint32_t m) {
+  const uint8_t* t = &kT.spread[0][0];
+  const int8_t* v1 = v + __builtin_popcount(m & 0xff);
+  const int8_t* v2 = v + __builtin_popcount(m & 0xffff);
+  const int8_t* v3 = v + __builtin_popcount(m & 0xffffff);
+  const I16x32 w = {expand16_i16(v, v1, t + ((m << 4) & 0xff0), t + ((m >> 4) & 0xff0)),
+                    expand16_i16(v2, v3, t + ((m >> 12) & 0xff0), t + ((m >> 20) & 0xff0))};
+  v += __builtin_popcount(m);
+  return w;
+}
+inline I16x32 expand32_nibbles_i16(const uint8_t* vals, int64_t c, uint32_t m, int64_t& p) {
+  const uint8_t* t = &kT.spread_nibbles[0][0];
+  if (c % 8 == 0) p = sp_i4_word_start(p);
+  const int64_t p1 = p + __builtin_popcount(m & 0xff), p2 = p + __builtin_popcount(m & 0xffff),
+                p3 = p + __builtin_popcount(m & 0xffffff);
+  const I16x32 w = {
+      expand16_nibbles_i16(vals, p, p1, t + ((m << 4) & 0xff0), t + ((m >> 4) & 0xff0)),
+      expand16_nibbles_i16(vals, p2, p3, t + ((m >> 12) & 0xff0), t + ((m >> 20) & 0xff0))};
+  p += __builtin_popcount(m);
+  return w;
+}
+
+// acc + the int16 dot of 32 columns (w) with 32 activation codes at x (8 int32 lanes).
+inline __m256i dot_i16(__m256i acc, const I16x32& w, const int16_t* x) {
+  const __m256i* xv = reinterpret_cast<const __m256i*>(x);
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w.lo, _mm256_loadu_si256(xv)),
+                                                _mm256_madd_epi16(w.hi, _mm256_loadu_si256(xv + 1))));
 }
 
 // The 8 columns of mask byte m as signed bytes (low half of the result): 8 bytes = 16 nibbles
