@@ -39,7 +39,7 @@ static void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64
   // 3 tokens per tile: 3 x (acc, g0, g1) + the block's 4 widened weight vectors.
   for_rows_and_tiles<3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
-    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i low4x8 = _mm256_set1_epi32(0x0f);
     const uint8_t* row = W + r * (kp / 2);
     const float* sc = w.scale + r * ng;
     __m256 acc[NT];
@@ -49,11 +49,19 @@ static void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64
       for (int t = 0; t < NT; ++t) g0[t] = g1[t] = _mm256_setzero_ps();
       for (int64_t b = 0; b < bpg; ++b) {
         const int64_t blk = g * bpg + b;
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + blk * 16));
-        const __m128i lo = _mm_and_si128(raw, low4);                     // columns 0..15
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);  // columns 16..31
-        const __m256 q[4] = {u8x8_to_f32(lo), u8x8_to_f32(_mm_srli_si128(lo, 8)),
-                             u8x8_to_f32(hi), u8x8_to_f32(_mm_srli_si128(hi, 8))};
+        // Bytes 0..7 / 8..15 zero-extended to int32 hold columns 0..7 / 8..15 in their low
+        // nibbles and 16..23 / 24..31 in their high ones: two shuffles per 32 weights, where
+        // splitting the nibbles first and widening them in four took six (Zen 3 has two
+        // shuffle pipes): TinyLlama-1.1B shape, 2 threads, decode 14.3 -> 20.4 tok/s (g32),
+        // 17.3 -> 21.3 (g128), old and new builds in alternating fresh processes.
+        const __m128i* raw = reinterpret_cast<const __m128i*>(row + blk * 16);
+        const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(raw));
+        const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+            row + blk * 16 + 8)));
+        const __m256 q[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(b0, low4x8)),
+                             _mm256_cvtepi32_ps(_mm256_and_si256(b1, low4x8)),
+                             _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)),
+                             _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4))};
         for (int t = 0; t < NT; ++t) {
           const float* x = a.x + (t0 + t) * kp + blk * 32;
           g0[t] = _mm256_fmadd_ps(q[0], _mm256_loadu_ps(x), g0[t]);

@@ -159,8 +159,9 @@ inline I16x32 expand32_nibbles_i16(const uint8_t* vals, int64_t c, uint32_t m, i
 // acc + the int16 dot of 32 columns (w) with 32 activation codes at x (8 int32 lanes).
 inline __m256i dot_i16(__m256i acc, const I16x32& w, const int16_t* x) {
   const __m256i* xv = reinterpret_cast<const __m256i*>(x);
-  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w.lo, _mm256_loadu_si256(xv)),
-                                                _mm256_madd_epi16(w.hi, _mm256_loadu_si256(xv + 1))));
+  const __m256i lo = _mm256_madd_epi16(w.lo, _mm256_loadu_si256(xv));
+  const __m256i hi = _mm256_madd_epi16(w.hi, _mm256_loadu_si256(xv + 1));
+  return _mm256_add_epi32(acc, _mm256_add_epi32(lo, hi));
 }
 
 // The 8 columns of mask byte m as signed bytes (low half of the result): 8 bytes = 16 nibbles
