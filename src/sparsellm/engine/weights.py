@@ -58,9 +58,9 @@ def dense_on_this_cpu(fmt: str) -> bool:
     the pruned ones stored as zeros): on CPUs without AVX-512 (VBMI2's vpexpandb), the AVX2
     bitmask int4 GEMVs expand every 16 columns of nibbles through table shuffles at ~1/4 of the
     dense int4 GEMV's speed per column (kernels/bench.py "hot GB/s", Zen 3), which the 20% fewer
-    bytes do not repay: the 50%-sparse TinyLlama-1.1B shape, 2 threads, decodes W4A8 at 10.3
-    tok/s bitmask, 23.4 dense, W4A16 g128 at 8.2 and 16.9 (128-token prefill: 65 vs 58 and 43
-    vs 56 tok/s). The dense twin holds 25% more weight bytes."""
+    bytes do not repay: the 50%-sparse TinyLlama-1.1B shape, 2 threads, decodes W4A8 at 8-10
+    tok/s bitmask, 23-26 dense, W4A16 g128 at 8 and 17-23 (128-token prefill: 51-65 vs 56-58
+    and 42 vs 56-58 tok/s). The dense twin holds 25% more weight bytes."""
     return parse_format(fmt).kind == "sparse_int4" and get_isa() != "avx512"
 
 
