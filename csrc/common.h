@@ -152,7 +152,7 @@ struct Acts {
   const int8_t* xq = nullptr;     // (T, kp) int8, act_int8 formats only
   const float* xscale = nullptr;  // (T,) x[t] ~= xq[t] * xscale[t]
   const int32_t* xsum = nullptr;  // (T,) sum of xq[t], act_int8 formats only
-  const int16_t* xw = nullptr;    // (T, kp) xq widened to int16, act_int8 formats on AVX2
+  const int16_t* xw = nullptr;    // (T, kp) xq widened to int16, for Gemv::int16_codes kernels
   const float* gsum = nullptr;    // (T, kp/group) I4, and SP_I4 W4A8 on AVX-512: per-group
                                   // sums of x (xq for W4A8)
 };
@@ -209,8 +209,9 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 // The int16 GEMM of prefill (gemm_int_avx2.cpp) for the int8-activation formats (W8A8, W4A8):
 // y[t * ldy + r] for rows [r0, r1), r0 a multiple of 16, from GemmActs::xw.
 void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
-// Its activations: quantize_row's codes (q) widened to xw.
+// Its activations: quantize_row's codes (q) widened to xw (widen_codes; n a multiple of 16).
 void quantize_row_i16(const float* x, int64_t n, int8_t* q, int16_t* xw, float* scale);
+void widen_codes(const int8_t* q, int64_t n, int16_t* xw);
 }  // namespace avx2
 
 namespace avx512 {
@@ -256,12 +257,14 @@ void quantize_row_u8(const float* x, int64_t n, uint8_t* xu, float* scale);
 using GemvFn = void (*)(const Weight&, const Acts&, float*, int64_t, int64_t, int64_t);
 using DecodeRowsFn = void (*)(const Weight&, int64_t, int64_t, float*);
 
-// A GEMV kernel, and whether it reads Acts::gsum (per-group sums of the activations).
+// A GEMV kernel, and whether it reads Acts::gsum (per-group sums of the activations) and
+// Acts::xw (the int8 codes widened to int16).
 struct Gemv {
   GemvFn fn = nullptr;
   bool group_sums = false;
+  bool int16_codes = false;
 };
-constexpr bool kGroupSums = true;
+constexpr bool kGroupSums = true, kInt16Codes = true;
 
 // Largest T a format's GEMV serves (above: a GEMM, linear.h). Crossovers measured with
 // `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64,128` on SmolLM2-135M shapes,
@@ -343,12 +346,14 @@ inline constexpr FmtTraits kFmtTraits[] = {
    scalar::decode_rows_sp_f32, avx512::decode_rows_sp_f32},
   {Fmt::SP_I8, "SP_I8", 8, false, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_i8}, {avx2::gemv_sp_i8}, {avx512::gemv_sp_i8}, kGemvMaxTokensF32},
-   {{scalar::gemv_sp_i8a8}, {avx2::gemv_sp_i8a8}, {avx512::gemv_sp_i8a8}, kGemvAlways,
+   {{scalar::gemv_sp_i8a8}, {avx2::gemv_sp_i8a8, !kGroupSums, kInt16Codes},
+    {avx512::gemv_sp_i8a8}, kGemvAlways,
     kGemvMaxTokensSparseW8A8Madd, kGemvMaxTokensSparseW8A8Vnni},
    scalar::decode_rows_sp_i8, avx512::decode_rows_sp_i8},
   {Fmt::SP_I4, "SP_I4", 4, false, Sparsity::Bitmask, true, false,
    {{scalar::gemv_sp_i4}, {avx2::gemv_sp_i4}, {avx512::gemv_sp_i4}, kGemvMaxTokensF32},
-   {{scalar::gemv_sp_i4a8}, {avx2::gemv_sp_i4a8}, {avx512::gemv_sp_i4a8, kGroupSums},
+   {{scalar::gemv_sp_i4a8}, {avx2::gemv_sp_i4a8, !kGroupSums, kInt16Codes},
+    {avx512::gemv_sp_i4a8, kGroupSums},
     kGemvAlways, kGemvMaxTokensSparseW4A8Madd, kGemvMaxTokensVnni},
    scalar::decode_rows_sp_i4},
   {Fmt::S24_I8, "S24_I8", 8, false, Sparsity::TwoFour, false, false,

@@ -304,6 +304,10 @@ void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t
 // quantize_row's per-token int8 (the GEMV's codes), widened to int16.
 void quantize_row_i16(const float* x, int64_t n, int8_t* q, int16_t* xw, float* scale) {
   quantize_row(x, n, q, scale);
+  widen_codes(q, n, xw);
+}
+
+void widen_codes(const int8_t* q, int64_t n, int16_t* xw) {
   for (int64_t i = 0; i < n; i += 16)
     _mm256_storeu_si256(
         reinterpret_cast<__m256i*>(xw + i),

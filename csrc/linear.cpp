@@ -87,9 +87,7 @@ static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t k
   if (int8)
     for (int64_t t = 0; t < T; ++t) {
       int8_t* q = s.xq.data() + t * kp;
-      if (!use_avx512() && use_avx2())  // + int16 codes: the AVX2 bitmask W8A8 GEMV's operand
-        avx2::quantize_row_i16(xp + t * kp, kp, q, s.xw.data() + t * kp, &s.xscale[t]);
-      else quantize_int8_row(xp + t * kp, kp, q, &s.xscale[t]);
+      quantize_int8_row(xp + t * kp, kp, q, &s.xscale[t]);
       if (use_avx512()) s.xsum[t] = std::accumulate(q, q + kp, int32_t(0));  // read by them only
     }
 }
@@ -198,6 +196,7 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
   prepare(x, T, ldx, ws[0]->cols, kp, any_i8, s);
   Acts acts[kMaxMulti];
   GemvFn fns[kMaxMulti];
+  bool widened = false;  // s.xw holds xq as int16 (once for all the weights that read it)
   for (int i = 0; i < n; ++i) {
     const Weight& w = *ws[i];
     Acts& a = acts[i];
@@ -209,6 +208,10 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     a.xw = s.xw.data();
     const Gemv& gemv = pick_gemv(w);
     fns[i] = gemv.fn;
+    if (gemv.int16_codes && !widened) {
+      for (int64_t t = 0; t < T; ++t) avx2::widen_codes(a.xq + t * kp, kp, s.xw.data() + t * kp);
+      widened = true;
+    }
     // (Only for kernels that read them, kFmtTraits' kGroupSums: dense int4, and sparse W4A8 on
     // AVX-512; the other sparse W4A8 kernels multiply signed values.)
     if (gemv.group_sums) {
