@@ -76,7 +76,7 @@ struct SpI8Rows {  // Fmt::SP_I8: 32 columns = 4 mask bytes, expanded by table s
   }
 };
 
-struct SpI4Rows {  // Fmt::SP_I4: 4 mask bytes of signed nibbles (expand_nibble_chunks)
+struct SpI4Rows {  // Fmt::SP_I4: 4 mask bytes of signed nibbles (expand32_nibbles_i16)
   const Weight& w;
   const uint8_t* v[kRows];
   const uint8_t* m[kRows];
@@ -88,9 +88,9 @@ struct SpI4Rows {  // Fmt::SP_I4: 4 mask bytes of signed nibbles (expand_nibble_
   }
   __m256i next(int i, int64_t k) {
     if (k >= words_end(w)) return _mm256_setzero_si256();  // a padding word
-    __m128i e[4];
-    expand_nibble_chunks<4>(v[i], m[i], k / 8, p[i], e);
-    return _mm256_set_m128i(_mm_unpacklo_epi64(e[2], e[3]), _mm_unpacklo_epi64(e[0], e[1]));
+    const I16x32 e = expand32_nibbles_i16(v[i], k / 8, load_u32(m[i] + k / 8), p[i]);
+    // packs leaves columns 0..7, 16..23, 8..15, 24..31 in its four qwords: reorder them
+    return _mm256_permute4x64_epi64(_mm256_packs_epi16(e.lo, e.hi), 0xd8);
   }
 };
 

@@ -164,31 +164,6 @@ inline __m256i dot_i16(__m256i acc, const I16x32& w, const int16_t* x) {
   return _mm256_add_epi32(acc, _mm256_add_epi32(lo, hi));
 }
 
-// The 8 columns of mask byte m as signed bytes (low half of the result): 8 bytes = 16 nibbles
-// from the byte holding nibble p, widened to bytes in order, sign-extended ((n ^ 8) - 8), then
-// expanded with the shuffle shifted by p & 1.
-inline __m128i expand8_nibbles(const uint8_t* vals, int64_t p, uint32_t m) {
-  const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + (p >> 1)));
-  const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(raw, low4),
-                                        _mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-  const __m128i sv = _mm_sub_epi8(_mm_xor_si128(nib, eight), eight);
-  return _mm_shuffle_epi8(sv, shuf_ctrl8(m, uint32_t(p & 1)));
-}
-
-// The columns of mask bytes c .. c + N - 1 (N divides 8, c a multiple of N) as signed bytes,
-// e[j] from mask byte c + j; p (the row's nibble index) moves past them.
-template <int N>
-inline void expand_nibble_chunks(const uint8_t* vals, const uint8_t* mrow, int64_t c,
-                                 int64_t& p, __m128i* e) {
-  if (c % 8 == 0) p = sp_i4_word_start(p);
-  for (int j = 0; j < N; ++j) {
-    const uint32_t m = mrow[c + j];
-    e[j] = expand8_nibbles(vals, p, m);
-    p += __builtin_popcount(m);
-  }
-}
-
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
   __builtin_memcpy(&v, p, 4);
