@@ -157,20 +157,22 @@ struct Acts {
                                   // sums of x (xq for W4A8)
 };
 
-// Activations of the integer GEMMs of prefill (AVX-512 int8, AVX2 int16): x's int8 codes,
-// (T, kp), and their scales, per token (W8A8, W4A8: the GEMV's xq / xscale) or per group of
-// columns, (T, kp / group) (weight-only formats: quantized for the GEMM alone,
+// Activations of the integer GEMMs of prefill (AVX-512 int8, AVX2 int16 / int8): x's int8
+// codes, (T, kp), and their scales, per token (W8A8, W4A8: the GEMV's xq / xscale) or per group
+// of columns, (T, kp / group) (weight-only formats: quantized for the GEMM alone,
 // int_gemm_act_group).
 struct GemmActs {
   int64_t T = 0;
   const uint8_t* xu = nullptr;   // AVX-512: codes + 128
-  const int16_t* xw = nullptr;   // AVX2 (gemm_int_avx2.cpp): codes as int16, W8A8 / W4A8
+  const int16_t* xw = nullptr;   // AVX2 int16 kernel: codes as int16 (W8A8, W4A8 only)
+  const int8_t* xq = nullptr;    // AVX2 int4 kernel: the codes
+  const float* gsum = nullptr;   // AVX2 int4 kernel: (T, kp / 32) sums of the codes
   const float* xs = nullptr;
 };
 // Columns per activation scale of the integer GEMM on the active ISA: 0 for W8A8 / W4A8 (per
-// token), else (AVX-512 only) a weight-only prompt's x quantized per group (int4: the weight's
-// group, int8: 32, a Q8_0 block); -1 where no integer GEMM runs: float weights, the portable
-// path, weight-only formats on AVX2 (linear.cpp).
+// token), else a weight-only prompt's x quantized per group (AVX-512: int4 the weight's group,
+// int8 32, a Q8_0 block; AVX2: dense int4 only, its weight's group); -1 where no integer GEMM
+// runs: float weights, the portable path, the other weight-only formats on AVX2 (linear.cpp).
 int64_t int_gemm_act_group(const Weight& w);
 
 // ---------------------------------------------------------------------------------------------
@@ -206,12 +208,15 @@ SL_GEMV_KERNELS(SL_DECLARE_GEMV)
 void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
                 int64_t k, float* Y, int64_t ldy);
 void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
-// The int16 GEMM of prefill (gemm_int_avx2.cpp) for the int8-activation formats (W8A8, W4A8):
-// y[t * ldy + r] for rows [r0, r1), r0 a multiple of 16, from GemmActs::xw.
+// The integer GEMM of prefill (gemm_int_avx2.cpp) for the int8-activation formats (W8A8, W4A8)
+// and, in a prompt, weight-only dense int4: y[t * ldy + r] for rows [r0, r1), r0 a multiple of
+// 16, from GemmActs::xw (int16 kernel) or xq and gsum (int4).
 void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
-// Its activations: quantize_row's codes (q) widened to xw (widen_codes; n a multiple of 16).
+// Its activations: quantize_row's codes (q) widened to xw (widen_codes; n a multiple of 16), or
+// weight-only int4's codes per group (quantize_groups).
 void quantize_row_i16(const float* x, int64_t n, int8_t* q, int16_t* xw, float* scale);
 void widen_codes(const int8_t* q, int64_t n, int16_t* xw);
+void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float* xs);
 }  // namespace avx2
 
 namespace avx512 {

@@ -1,28 +1,34 @@
-// Prefill GEMM of the integer weight formats on AVX2 (no VNNI): int16 x int16 -> int32 madd.
-// Each thread expands its weight rows, 8 at a time, into a block of int16 codes (w - z for
-// int4) laid out as the 16-row int8 blocks of Fmt::I8_R16 are, per 4 columns: rows 0-3 x 4
-// columns in one vector, rows 4-7 in the next. The chunk's activations are int16 codes too, so
-// a token broadcasts its 4 columns (one 8-byte load) and one vpmaddwd per vector does 16
-// multiply-adds, every product exact (int8 x int8, -128 included; the sign trick of vpmaddubsw
-// cannot take -128 and saturates). The GEMVs widen the same values per token tile instead; here
-// a weight is expanded once per chunk and an activation widened once per chunk. On AMD Zen 3 it
-// reached 73 GMAC/s on 2 cores (SmolLM2-135M shapes, 64 tokens), ~1.2x the fp32 panel GEMM on
-// the same weights rather than the 2x the instruction counts promise.
+// Prefill GEMM of the integer weight formats on AVX2 (no VNNI). Each thread expands its weight
+// rows, 8 at a time, into a block of codes laid out as the 16-row int8 blocks of Fmt::I8_R16
+// are, per 4 columns: the 8 rows x 4 columns in one vector (int8 codes) or two (int16: rows
+// 0-3, then 4-7). A token broadcasts its 4 columns and one multiply-add per vector does all of
+// them. A weight is expanded once per chunk and an activation quantized once per chunk, where
+// the GEMVs widen the same values per token tile.
 //
-// The micro-kernel holds 8 rows x 6 tokens of int32 accumulators (12 ymm) + 2 weight vectors +
-// 1 broadcast: per 4 columns, 8 loads feed 12 madds. Each int32 lane holds two of a row's
-// products; one hadd per 8 rows at a period's end joins them (as gemv_i8a8 does).
+// int16 x int16 -> int32 (vpmaddwd), for W8A8 and the sparse / 2:4 W4A8 rows: codes w (w - z
+// for int4) and activations both as int16, 16 exact multiply-adds per madd, -128 included (the
+// sign trick of vpmaddubsw cannot take -128 and saturates). On AMD Zen 3 it reached 73 GMAC/s on
+// 2 cores (SmolLM2-135M shapes, 64 tokens), ~1.2x the fp32 panel GEMM on the same weights rather
+// than the 2x the instruction counts promise. The micro-kernel holds 8 rows x 6 tokens of int32
+// accumulators (12 ymm) + 2 weight vectors + 1 broadcast: per 4 columns, 8 loads feed 12 madds.
+// Each int32 lane holds two of a row's products; one hadd per 8 rows at a period's end joins them
+// (as gemv_i8a8 does). W8A8 keeps the whole row's dot in int32, y = float(dot) * (xscale *
+// scale), the GEMV's float operations, so prefill gives the decode kernels' bits; int4 groups end
+// a dot every group and accumulate float(dot) * scale in fp32 (4 tokens per tile: 8 int32 + 4
+// fp32 accumulators).
 //
-// Only int8 activations take it (W8A8, W4A8: the GEMV's per-token int8). W8A8 keeps the whole
-// row's dot in int32, y = float(dot) * (xscale * scale), the GEMV's float operations, so prefill
-// gives the decode kernels' bits; int4 groups end a dot every group and accumulate
-// float(dot) * scale in fp32 (4 tokens per tile: 8 int32 + 4 fp32 accumulators). Weight-only
-// prompts keep the fp32 panel GEMM here: with x quantized per group of 32 columns, as the
-// AVX-512 int8 GEMM does, a dot per 32 columns left this kernel at 0.83x the fp32 GEMM's speed
-// for weight-only int8 and 1.03x for int4_g32 (TinyLlama-1.1B, 512-token prefill, 2 threads).
+// Dense int4 (Fmt::I4) multiplies bytes instead (I4Kernel): unsigned nibbles u x int8 codes is
+// what vpmaddubsw takes exactly, 32 multiply-adds per instruction. The zero point comes off per
+// 32 columns as z * (the token's sum of those codes). It serves W4A8 and, for a prompt,
+// weight-only int4 with x quantized per weight group (quantize_groups, the AVX-512 GEMM's codes).
+// Weight-only int8 and bitmask prompts keep the fp32 panel GEMM here: with x quantized per
+// group of 32 columns, as the AVX-512 int8 GEMM does, a dot per 32 columns in the int16 kernel
+// ran at 0.83x the fp32 GEMM's speed for weight-only int8 (TinyLlama-1.1B, 512-token prefill,
+// 2 threads).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "common.h"
@@ -41,20 +47,14 @@ struct NoRows {  // Fmt::I8_R16 is stored as blocks already (expand_block widens
   __m256i next(int, int64_t) { return _mm256_setzero_si256(); }
 };
 
-struct I4Rows {  // Fmt::I4: a 16-byte block -> 32 nibbles in column order, minus z
+struct I4Rows {  // Fmt::I4: a 16-byte block -> its 32 unsigned nibbles in column order
   const Weight& w;
   const uint8_t* q[kRows];
-  const uint8_t* z[kRows];
-  void begin(int i, int64_t r) {
-    q[i] = static_cast<const uint8_t*>(w.data) + r * (w.kp / 2);
-    z[i] = w.asym ? w.zero + r * (w.kp / w.group) : nullptr;
-  }
-  __m256i next(int i, int64_t k) {
+  void begin(int i, int64_t r) { q[i] = static_cast<const uint8_t*>(w.data) + r * (w.kp / 2); }
+  __m256i next(int i, int64_t k) const {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q[i] + k / 2));
     const __m128i low4 = _mm_set1_epi8(0x0f);
-    const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low4),
-                                       _mm_and_si128(b, low4));
-    return _mm256_sub_epi8(u, _mm256_set1_epi8(char(z[i] ? z[i][k / w.group] : 8)));
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low4), _mm_and_si128(b, low4));
   }
 };
 
@@ -149,22 +149,26 @@ inline void transpose8(__m256i* v) {
   }
 }
 
-// 32 bytes = 8 rows x 4 columns (row-major) -> the block's two int16 vectors for them.
-inline void store_widened(__m256i v, int16_t* out) {
+// 32 bytes = 8 rows x 4 columns (row-major) -> the block's codes for them: as they are (int8),
+// or as two int16 vectors.
+inline void store_codes(__m256i v, uint8_t* out) {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), v);
+}
+inline void store_codes(__m256i v, int16_t* out) {
   const I16x32 w = widen_i8(v);
   _mm256_store_si256(reinterpret_cast<__m256i*>(out), w.lo);
   _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16), w.hi);
 }
 
-// Rows [r, min(r + 8, r1)) -> one int16 block of kRows * kp codes (rows past r1: zeros).
-template <class Rows>
-void expand_block(const Weight& w, Rows& rows, int64_t r, int64_t r1, int16_t* blk) {
+// Rows [r, min(r + 8, r1)) -> one block of kRows * kp codes (rows past r1: zeros).
+template <class Code, class Rows>
+void expand_block(const Weight& w, Rows& rows, int64_t r, int64_t r1, Code* blk) {
   const int n = int(std::min<int64_t>(kRows, r1 - r));
   if (w.fmt == Fmt::I8_R16) {  // the block is half of a 16-row int8 block already
     const int8_t* src = r16_block(w, r / kRowBlock16) + 32 * (r % kRowBlock16 / kRows);
     for (int64_t k = 0; k < w.kp; k += 4)
-      store_widened(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * k)),
-                    blk + 8 * k);
+      store_codes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * k)),
+                  blk + 8 * k);
     return;
   }
   for (int i = 0; i < n; ++i) rows.begin(i, r + i);
@@ -172,8 +176,31 @@ void expand_block(const Weight& w, Rows& rows, int64_t r, int64_t r1, int16_t* b
     __m256i v[kRows];
     for (int i = 0; i < kRows; ++i) v[i] = i < n ? rows.next(i, k) : _mm256_setzero_si256();
     transpose8(v);  // vector j: columns k + 4j .. k + 4j + 3 of the 8 rows
-    for (int j = 0; j < kRows; ++j) store_widened(v[j], blk + 8 * (k + 4 * j));
+    for (int j = 0; j < kRows; ++j) store_codes(v[j], blk + 8 * (k + 4 * j));
   }
+}
+
+// One token's 8 outputs (rows r .. r + n - 1 of y are stored).
+inline void store_rows(__m256 out, float* y, int64_t n) {
+  if (n == kRows) {
+    _mm256_storeu_ps(y, out);
+  } else {
+    alignas(32) float tmp[kRows];
+    _mm256_store_ps(tmp, out);
+    std::memcpy(y, tmp, size_t(n) * sizeof(float));
+  }
+}
+
+// Runs k.tile<NT>(t0) over all tokens, NT = K::kMaxNT but for a shorter last tile.
+template <class K, int NT = K::kMaxNT>
+void tail(const K& k, int64_t m, int64_t t0) {
+  if constexpr (NT > 1)
+    if (m < NT) return tail<K, NT - 1>(k, m, t0);
+  k.template tile<NT>(t0);
+}
+template <class K>
+void run_tiles(const K& k, int64_t T) {
+  for (int64_t t0 = 0; t0 < T; t0 += K::kMaxNT) tail(k, std::min<int64_t>(K::kMaxNT, T - t0), t0);
 }
 
 // W8A8: per row x per token, one int32 dot per row; W4A8: per int4 group x per token.
@@ -228,50 +255,98 @@ struct Kernel {
                             _mm256_mul_ps(_mm256_set1_ps(a.xs[t0 + t]), _mm256_load_ps(sc)));
       else
         out = _mm256_mul_ps(acc[t], _mm256_set1_ps(a.xs[t0 + t]));
-      float* dst = y + (t0 + t) * ldy + r;
-      if (n == kRows) {
-        _mm256_storeu_ps(dst, out);
-      } else {
-        alignas(32) float tmp[kRows];
-        _mm256_store_ps(tmp, out);
-        std::memcpy(dst, tmp, size_t(n) * sizeof(float));
-      }
+      store_rows(out, y + (t0 + t) * ldy + r, n);
     }
   }
 
   // Tokens per tile: 6 with int32 accumulators only, 4 with the fp32 ones too (16 ymm).
   static constexpr int kMaxNT = E == 0 ? 6 : 4;
+};
 
-  template <int NT = kMaxNT>
-  void tail(int64_t m, int64_t t0) const {
-    if constexpr (NT > 1)
-      if (m < NT) return tail<NT - 1>(m, t0);
-    tile<NT>(t0);
-  }
+// Fmt::I4: the block holds the nibbles u as bytes, so one vpmaddubsw multiplies a vector (8
+// rows x 4 columns) by a token's 4 int8 codes into 16 int16 pair sums, exact (|u x| <= 15 *
+// 128), and 8 of them (32 columns) sum to at most 30720, no saturation. Every 32 columns a
+// vpmaddwd by ones joins each row's pairs into its dot (lane i: row i), the zero point comes off
+// as z * (the token's sum of those codes), exact in fp32 (integers below 2^24), and the dot
+// times its scale is added to the token's fp32 accumulator: per 4 columns and token one maddubs
+// and one add, where the int16 kernel does two madds and two adds. 6 tokens per tile: 6 int16
+// + 6 fp32 accumulators, the weight vector, the broadcast and the ones (15 ymm).
+// kTokenScale: W4A8 (x scaled per token, applied at the end); else x is quantized per weight
+// group, and each group's dot is scaled by the weight's scale times the token's.
+template <int G, bool kTokenScale>
+struct I4Kernel {
+  const uint8_t* blk;  // kRows * kp nibbles in the block layout
+  const float* sc;     // the block's scales: (groups, 8)
+  const float* zp;     // the block's zero points: (groups, 8)
+  const GemmActs& a;
+  int64_t kp;
+  float* y;
+  int64_t ldy, r, n;
+  static constexpr int kMaxNT = 6;
 
-  void run() const {
-    for (int64_t t0 = 0; t0 < a.T; t0 += kMaxNT) tail(std::min<int64_t>(kMaxNT, a.T - t0), t0);
+  template <int NT>
+  [[gnu::noinline]] void tile(int64_t t0) const {
+    const int8_t* xq = a.xq + t0 * kp;
+    const float* gs = a.gsum + t0 * (kp / 32);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < kp; k0 += 32) {
+      __m256i d[NT];
+      for (int t = 0; t < NT; ++t) d[t] = _mm256_setzero_si256();
+      // (Not unrolled: GCC then hoists the broadcasts and spills; no faster either way.)
+      for (int64_t k = k0; k < k0 + 32; k += 4) {
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k));
+        for (int t = 0; t < NT; ++t) {
+          int32_t x4;
+          std::memcpy(&x4, xq + t * kp + k, 4);
+          d[t] = _mm256_add_epi16(d[t], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4)));
+        }
+      }
+      const int64_t g = k0 / G;
+      const __m256 z = _mm256_load_ps(zp + g * kRows), s = _mm256_load_ps(sc + g * kRows);
+      for (int t = 0; t < NT; ++t) {
+        const __m256 dot = _mm256_fnmadd_ps(z, _mm256_set1_ps(gs[t * (kp / 32) + k0 / 32]),
+                                            _mm256_cvtepi32_ps(_mm256_madd_epi16(d[t], ones)));
+        const __m256 st =
+            kTokenScale ? s : _mm256_mul_ps(s, _mm256_set1_ps(a.xs[(t0 + t) * (kp / G) + g]));
+        acc[t] = _mm256_fmadd_ps(dot, st, acc[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t)
+      store_rows(kTokenScale ? _mm256_mul_ps(acc[t], _mm256_set1_ps(a.xs[t0 + t])) : acc[t],
+                 y + (t0 + t) * ldy + r, n);
   }
 };
 
-// One thread's expanded block and its scales.
+// One thread's expanded block, its scales and (int4) zero points.
 struct Expanded {
-  AlignedVector<int16_t> codes;  // (kRows, kp) in the block layout
-  AlignedVector<float> scale;    // (groups, kRows)
+  AlignedVector<int16_t> codes;   // (kRows, kp) in the block layout (the int16 kernel)
+  AlignedVector<uint8_t> nibbles; // (kRows, kp) in the block layout (I4Kernel)
+  AlignedVector<float> scale;     // (groups, kRows)
+  AlignedVector<float> zero;      // (groups, kRows)
 };
+
+// Rows [r, r + n)'s scales (w.scale is (rows, groups)) and, for int4, zero points -> ex, per
+// group; rows past n get 0 (their outputs are not stored).
+void expand_scales(const Weight& w, int64_t r, int64_t n, Expanded& ex) {
+  const int64_t groups = scale_groups(w);
+  const bool int4 = w.fmt == Fmt::I4;
+  for (int64_t i = 0; i < kRows; ++i)
+    for (int64_t g = 0; g < groups; ++g) {
+      ex.scale[g * kRows + i] = i < n ? w.scale[(r + i) * groups + g] : 0.f;
+      if (int4) ex.zero[g * kRows + i] = w.asym && i < n ? w.zero[(r + i) * groups + g] : 8.f;
+    }
+}
 
 template <int E, Scales S, class Rows>
 void gemm_rows(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
                Rows& rows, Expanded& ex) {
-  const int64_t kp = w.kp, groups = scale_groups(w);
   for (int64_t r = r0; r < r1; r += kRows) {
     const int64_t n = std::min(kRows, r1 - r);
     expand_block(w, rows, r, r1, ex.codes.data());
-    // w.scale is (rows, groups); rows past r1 get 0 (their outputs are not stored)
-    for (int64_t i = 0; i < kRows; ++i)
-      for (int64_t g = 0; g < groups; ++g)
-        ex.scale[g * kRows + i] = i < n ? w.scale[(r + i) * groups + g] : 0.f;
-    Kernel<E, S>{ex.codes.data(), ex.scale.data(), a, kp, y, ldy, r, n}.run();
+    expand_scales(w, r, n, ex);
+    run_tiles(Kernel<E, S>{ex.codes.data(), ex.scale.data(), a, w.kp, y, ldy, r, n}, a.T);
   }
 }
 
@@ -285,19 +360,79 @@ void gemm_format(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int6
   });
 }
 
+void gemm_i4(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
+             Expanded& ex) {
+  I4Rows rows{w, {}};
+  with_group(w.group, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    for (int64_t r = r0; r < r1; r += kRows) {
+      const int64_t n = std::min(kRows, r1 - r);
+      expand_block(w, rows, r, r1, ex.nibbles.data());
+      expand_scales(w, r, n, ex);
+      const uint8_t* blk = ex.nibbles.data();
+      if (w.act_int8)
+        run_tiles(I4Kernel<G, true>{blk, ex.scale.data(), ex.zero.data(), a, w.kp, y, ldy, r, n},
+                  a.T);
+      else
+        run_tiles(I4Kernel<G, false>{blk, ex.scale.data(), ex.zero.data(), a, w.kp, y, ldy, r, n},
+                  a.T);
+    }
+  });
+}
+
 }  // namespace
 
 void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   thread_local Expanded ex;
   const size_t codes = size_t(kRows * w.kp), scales = size_t(kRows * scale_groups(w));
-  if (ex.codes.size() < codes) ex.codes.resize(codes);
-  if (ex.scale.size() < scales) ex.scale.resize(scales);
+  auto grow = [](auto& v, size_t size) {
+    if (v.size() < size) v.resize(size);
+  };
+  grow(ex.scale, scales);
   switch (w.fmt) {
-    case Fmt::I8_R16: return gemm_format(w, a, y, ldy, r0, r1, NoRows{}, ex);
-    case Fmt::SP_I8: return gemm_format(w, a, y, ldy, r0, r1, SpI8Rows{w, {}, {}}, ex);
-    case Fmt::SP_I4: return gemm_format(w, a, y, ldy, r0, r1, SpI4Rows{w, {}, {}, {}}, ex);
-    case Fmt::I4: return gemm_format(w, a, y, ldy, r0, r1, I4Rows{w, {}, {}}, ex);
-    default: return gemm_format(w, a, y, ldy, r0, r1, S24Rows{w, {}, {}}, ex);  // S24_I8
+    case Fmt::I4:
+      grow(ex.nibbles, codes);
+      grow(ex.zero, scales);
+      return gemm_i4(w, a, y, ldy, r0, r1, ex);
+    case Fmt::I8_R16: grow(ex.codes, codes); return gemm_format(w, a, y, ldy, r0, r1, NoRows{}, ex);
+    case Fmt::SP_I8:
+      grow(ex.codes, codes);
+      return gemm_format(w, a, y, ldy, r0, r1, SpI8Rows{w, {}, {}}, ex);
+    case Fmt::SP_I4:
+      grow(ex.codes, codes);
+      return gemm_format(w, a, y, ldy, r0, r1, SpI4Rows{w, {}, {}, {}}, ex);
+    default:  // S24_I8
+      grow(ex.codes, codes);
+      return gemm_format(w, a, y, ldy, r0, r1, S24Rows{w, {}, {}}, ex);
+  }
+}
+
+// One row x (kp) -> int8 codes q and scales xs per `group` columns, as avx512::quantize_groups
+// (its codes without the + 128): q = rint(x * (127 / max|x|)), scale max|x| / 127 (0 and q = 0
+// for an all-zero group, or one whose 127 / max overflows).
+void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float* xs) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t k = 0; k < kp; k += group) {
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t i = k; i < k + group; i += 8)
+      m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), absmask));
+    const float amax = hmax(m), inv = 127.f / amax;
+    if (!(inv < INFINITY)) {  // amax 0 or subnormal
+      std::memset(q + k, 0, size_t(group));
+      xs[k / group] = 0.f;
+      continue;
+    }
+    xs[k / group] = amax / 127.f;
+    const __m256 s = _mm256_set1_ps(inv);
+    for (int64_t i = k; i < k + group; i += 32) {  // |x * inv| <= 127: packs never saturate
+      __m256i v[4];
+      for (int j = 0; j < 4; ++j)
+        v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), s));
+      const __m256i p =
+          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i),
+                          _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
   }
 }
 

@@ -30,8 +30,8 @@ int64_t gemv_max_tokens(const Weight& w) {
 int64_t int_gemm_act_group(const Weight& w) {
   if (fmt_traits(w.fmt).is_float || !use_avx2()) return -1;
   if (w.act_int8) return 0;
-  if (!use_avx512()) return -1;  // gemm_int_avx2.cpp: weight-only prompts keep fp32 panels
-  return fmt_traits(w.fmt).grouped ? w.group : 32;
+  if (use_avx512()) return fmt_traits(w.fmt).grouped ? w.group : 32;
+  return w.fmt == Fmt::I4 ? w.group : -1;  // gemm_int_avx2.cpp: the others keep fp32 panels
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
@@ -117,10 +117,11 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
   });
 }
 
-// The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd): activations as integer codes (W8A8 /
-// W4A8: the GEMV's per-token int8; weight-only int4 / int8 on AVX-512: quantized per group of
-// columns), in parallel over tokens, once for every weight of the same width and activation
-// group (q/k/v, gate/up), then the GEMM of each weight in parallel over units of rows.
+// The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd, int8 maddubs for dense int4):
+// activations as integer codes (W8A8 / W4A8: the GEMV's per-token int8; weight-only prompts:
+// quantized per group of columns, int_gemm_act_group), in parallel over tokens, once for every
+// weight of the same width and activation group (q/k/v, gate/up), then the GEMM of each weight
+// in parallel over units of rows.
 static bool int_gemm_takes(const Weight& w, const LinearScratch& s) {
   return int_gemm_act_group(w) >= 0 && (w.act_int8 || s.prompt);
 }
@@ -134,16 +135,25 @@ static GemmActs int_gemm_acts(const Weight& w, const float* x, int64_t T, int64_
     for (int64_t t = lo; t < hi; ++t) {
       float* xp = s.xpad.data() + t * kp;
       float* xs = group ? s.xgscale.data() + t * (kp / group) : &s.xscale[t];
+      int8_t* q = s.xq.data() + t * kp;
       pad_row(x + t * ldx, K, kp, xp);
-      if (vnni && group) avx512::quantize_groups(xp, kp, group, s.xu.data() + t * kp, xs);
-      else if (vnni) avx512::quantize_row_u8(xp, kp, s.xu.data() + t * kp, xs);
-      else avx2::quantize_row_i16(xp, kp, s.xq.data() + t * kp, s.xw.data() + t * kp, xs);
+      if (vnni && group) {
+        avx512::quantize_groups(xp, kp, group, s.xu.data() + t * kp, xs);
+      } else if (vnni) {
+        avx512::quantize_row_u8(xp, kp, s.xu.data() + t * kp, xs);
+      } else {  // AVX2: the int4 kernel's codes and sums; the int16 kernel's (per token only)
+        if (group) avx2::quantize_groups(xp, kp, group, q, xs);
+        else avx2::quantize_row_i16(xp, kp, q, s.xw.data() + t * kp, xs);
+        group_sums(q, 1, kp, 32, s.gsum.data() + t * (kp / 32));
+      }
     }
   });
   GemmActs a;
   a.T = T;
   a.xu = s.xu.data();
   a.xw = s.xw.data();
+  a.xq = s.xq.data();
+  a.gsum = s.gsum.data();
   a.xs = group ? s.xgscale.data() : s.xscale.data();
   return a;
 }

@@ -13,17 +13,18 @@ namespace sl {
 // largest shapes once at build time so a decode step allocates nothing.
 struct LinearScratch {
   AlignedVector<float> xpad;    // (T, kp) activations, zero padded (fake-quantized for W8A8 GEMM)
-  AlignedVector<int8_t> xq;     // (T, kp) int8 activations for W8A8 GEMV
+  AlignedVector<int8_t> xq;     // (T, kp) int8 activations (W8A8 GEMV, AVX2 int4 GEMM)
   AlignedVector<float> xscale;  // (T,) per-token activation scales
   AlignedVector<int32_t> xsum;  // (T,) per-token sums of xq (the AVX-512 W8A8 kernels' offset)
   AlignedVector<float> gsum;    // (kMaxMulti, T, kp/32) per-weight, per-token int4 group sums
+                                // (the AVX2 int4 GEMM: (T, kp/32), of xq per 32 columns)
   AlignedVector<float> panel;   // (threads, kPanelRows, kp) decoded weight rows
   AlignedVector<uint8_t> xu;    // (T, kp) int8 GEMM activations + 128 (GemmActs, AVX-512)
   AlignedVector<int16_t> xw;    // (T, kp) int16 GEMM activations (GemmActs, AVX2)
   AlignedVector<float> xgscale; // (T, kp/32) their scales per group (weight-only formats)
   AlignedVector<float> xt;      // x k-major in token tiles (transpose_tokens; sized on first use)
   // A prompt chunk: above the GEMV's limit, weight-only int4 may quantize activations for the
-  // int8 GEMM. Off (batched decode, speculative verification), it takes the fp32 GEMM,
+  // integer GEMM. Off (batched decode, speculative verification), it takes the fp32 GEMM,
   // whose results differ from the GEMV's by rounding only, so verified tokens are the ones
   // decode would pick.
   bool prompt = false;
@@ -36,8 +37,9 @@ constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one 
 // Up to gemv_max_tokens(w) tokens, linear() streams each packed weight once and computes every
 // token's row like T == 1 does (bitwise equal results per token, int32-exact for W8A8); above
 // it a GEMM runs (faster per token for prefill, but rounding differs): the integer GEMM of
-// the int8-activation formats on AVX2 (int16) and AVX-512 (int8; there also weight-only int4 /
-// int8 in a prompt, LinearScratch::prompt), which keeps W8A8's GEMV bits (common.h GemmActs),
+// the int8-activation formats on AVX2 (int16; int8 for dense int4) and AVX-512 (int8), and in a
+// prompt (LinearScratch::prompt) weight-only int4 (AVX2, AVX-512) and int8 (AVX-512), which keeps
+// W8A8's GEMV bits (common.h GemmActs),
 // otherwise weight panels decoded to fp32 once. The limit is the format's, per activation type
 // (kFmtTraits); set_gemv_max_tokens(n > 0) overrides it for measurements, 0 restores the
 // defaults.

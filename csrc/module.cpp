@@ -310,9 +310,9 @@ PYBIND11_MODULE(_native, m) {
             return int_gemm_act_group(p.w);
           },
           "Above gemv_max_tokens, on the active ISA: -1 for the fp32 GEMM, else the integer "
-          "GEMM (AVX2 int16, AVX-512 int8) with activations quantized per this many columns "
-          "(0: per token, W8A8 / W4A8; > 0, weight-only int4 / int8 on AVX-512: for a prompt "
-          "only)");
+          "GEMM (AVX2 int16 / int8, AVX-512 int8) with activations quantized per this many "
+          "columns (0: per token, W8A8 / W4A8; > 0, weight-only int4, and int8 on AVX-512: for "
+          "a prompt only)");
 
   m.def(
       "linear",

@@ -74,10 +74,11 @@ class Engine:
     (NumPy's threads are process-wide), so it refuses it.
     `kv_cache_dtype="fp16"` or `"int8"` stores keys and values as IEEE half or int8 (see
     KV_CACHE_DTYPES); the NumPy backend keeps fp32 or fp16.
-    `prefill_int8` (on AVX-512): weight-only int4 and int8 formats process prompts with an int8
-    GEMM on activations quantized per group of columns (int4: its weight group; int8: 32), as
-    llama.cpp and OpenVINO do (3-4x faster prefill; decode and speculative verification keep
-    fp32 activations). False keeps fp32 activations there too. (Prompts' attention runs in
+    `prefill_int8`: weight-only int4 (AVX2 and AVX-512) and int8 (AVX-512) formats process
+    prompts with an integer GEMM on activations quantized per group of columns (int4: its
+    weight group; int8: 32), as llama.cpp and OpenVINO do (faster prefill: 3-4x on AVX-512;
+    decode and speculative verification keep fp32 activations). False keeps fp32 activations
+    there too. (Prompts' attention runs in
     blocks of 16 queries on AVX-512 either way: fp32, prefill's values up to rounding.)
 
     Weights the native runtime converts are cached: the first load writes them to
