@@ -5,17 +5,17 @@
 // them. A weight is expanded once per chunk and an activation quantized once per chunk, where
 // the GEMVs widen the same values per token tile.
 //
-// int16 x int16 -> int32 (vpmaddwd), for W8A8 and the sparse / 2:4 W4A8 rows: codes w (w - z
-// for int4) and activations both as int16, 16 exact multiply-adds per madd, -128 included (the
-// sign trick of vpmaddubsw cannot take -128 and saturates). On AMD Zen 3 it reached 73 GMAC/s on
-// 2 cores (SmolLM2-135M shapes, 64 tokens), ~1.2x the fp32 panel GEMM on the same weights rather
-// than the 2x the instruction counts promise. The micro-kernel holds 8 rows x 6 tokens of int32
-// accumulators (12 ymm) + 2 weight vectors + 1 broadcast: per 4 columns, 8 loads feed 12 madds.
-// Each int32 lane holds two of a row's products; one hadd per 8 rows at a period's end joins them
-// (as gemv_i8a8 does). W8A8 keeps the whole row's dot in int32, y = float(dot) * (xscale *
-// scale), the GEMV's float operations, so prefill gives the decode kernels' bits; int4 groups end
-// a dot every group and accumulate float(dot) * scale in fp32 (4 tokens per tile: 8 int32 + 4
-// fp32 accumulators).
+// int16 x int16 -> int32 (vpmaddwd), for W8A8 (dense, bitmask, 2:4) and bitmask W4A8: signed
+// codes (int8, or int4 nibbles) and activations both as int16, 16 exact multiply-adds per madd,
+// -128 included (the sign trick of vpmaddubsw cannot take -128 and saturates). On AMD Zen 3 it
+// reached 73 GMAC/s on 2 cores (SmolLM2-135M shapes, 64 tokens), ~1.2x the fp32 panel GEMM on
+// the same weights rather than the 2x the instruction counts promise. The micro-kernel holds 8
+// rows x 6 tokens of int32 accumulators (12 ymm) + 2 weight vectors + 1 broadcast: per 4
+// columns, 8 loads feed 12 madds. Each int32 lane holds two of a row's products; one hadd per 8
+// rows at a period's end joins them (as gemv_i8a8 does). W8A8 keeps the whole row's dot in
+// int32, y = float(dot) * (xscale * scale), the GEMV's float operations, so prefill gives the
+// decode kernels' bits; bitmask int4 groups end a dot every group and accumulate float(dot) *
+// scale in fp32 (4 tokens per tile: 8 int32 + 4 fp32 accumulators).
 //
 // Dense int4 (Fmt::I4) multiplies bytes instead (I4Kernel): unsigned nibbles u x int8 codes is
 // what vpmaddubsw takes exactly, 32 multiply-adds per instruction. The zero point comes off per
@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "common.h"
 #include "simd_avx2.h"
@@ -369,13 +370,13 @@ void gemm_i4(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t 
       const int64_t n = std::min(kRows, r1 - r);
       expand_block(w, rows, r, r1, ex.nibbles.data());
       expand_scales(w, r, n, ex);
-      const uint8_t* blk = ex.nibbles.data();
-      if (w.act_int8)
-        run_tiles(I4Kernel<G, true>{blk, ex.scale.data(), ex.zero.data(), a, w.kp, y, ldy, r, n},
+      auto run = [&](auto token_scale) {
+        run_tiles(I4Kernel<G, decltype(token_scale)::value>{ex.nibbles.data(), ex.scale.data(),
+                                                            ex.zero.data(), a, w.kp, y, ldy, r, n},
                   a.T);
-      else
-        run_tiles(I4Kernel<G, false>{blk, ex.scale.data(), ex.zero.data(), a, w.kp, y, ldy, r, n},
-                  a.T);
+      };
+      if (w.act_int8) run(std::true_type{});
+      else run(std::false_type{});
     }
   });
 }
@@ -389,21 +390,17 @@ void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t
     if (v.size() < size) v.resize(size);
   };
   grow(ex.scale, scales);
+  if (w.fmt == Fmt::I4) {
+    grow(ex.nibbles, codes);
+    grow(ex.zero, scales);
+    return gemm_i4(w, a, y, ldy, r0, r1, ex);
+  }
+  grow(ex.codes, codes);
   switch (w.fmt) {
-    case Fmt::I4:
-      grow(ex.nibbles, codes);
-      grow(ex.zero, scales);
-      return gemm_i4(w, a, y, ldy, r0, r1, ex);
-    case Fmt::I8_R16: grow(ex.codes, codes); return gemm_format(w, a, y, ldy, r0, r1, NoRows{}, ex);
-    case Fmt::SP_I8:
-      grow(ex.codes, codes);
-      return gemm_format(w, a, y, ldy, r0, r1, SpI8Rows{w, {}, {}}, ex);
-    case Fmt::SP_I4:
-      grow(ex.codes, codes);
-      return gemm_format(w, a, y, ldy, r0, r1, SpI4Rows{w, {}, {}, {}}, ex);
-    default:  // S24_I8
-      grow(ex.codes, codes);
-      return gemm_format(w, a, y, ldy, r0, r1, S24Rows{w, {}, {}}, ex);
+    case Fmt::I8_R16: return gemm_format(w, a, y, ldy, r0, r1, NoRows{}, ex);
+    case Fmt::SP_I8: return gemm_format(w, a, y, ldy, r0, r1, SpI8Rows{w, {}, {}}, ex);
+    case Fmt::SP_I4: return gemm_format(w, a, y, ldy, r0, r1, SpI4Rows{w, {}, {}, {}}, ex);
+    default: return gemm_format(w, a, y, ldy, r0, r1, S24Rows{w, {}, {}}, ex);  // S24_I8
   }
 }
 
@@ -428,10 +425,7 @@ void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float
       __m256i v[4];
       for (int j = 0; j < 4; ++j)
         v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), s));
-      const __m256i p =
-          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i),
-                          _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), pack_i8(v));
     }
   }
 }

@@ -26,11 +26,7 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
     for (int j = 0; j < 4; ++j)
       v[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * j), s),
                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    // packs saturate to [-128, 127] (the clamp) and work per 128-bit lane; the permute
-    // restores column order.
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), p);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), pack_i8(v));  // (clamped)
   }
 }
 

@@ -37,6 +37,14 @@ inline I16x32 widen_i8(__m256i v) {
           _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1))};
 }
 
+// 32 int32 values (4 vectors, in order) -> 32 int8 in order, saturated to [-128, 127]: packs
+// saturate and work per 128-bit lane, and the permute restores the order.
+inline __m256i pack_i8(const __m256i v[4]) {
+  const __m256i p =
+      _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // Signed int8 x signed int8 dot product of 32 lanes, accumulated into 8 int32 lanes (lane j
 // gets the products of values 2j, 2j+1 and 16+2j, 17+2j). Both sides may hold -128
 // (compressed-tensors' grids), which rules out the maddubs sign trick (|-128| does not fit a
