@@ -126,10 +126,14 @@ static bool int_gemm_takes(const Weight& w, const LinearScratch& s) {
   return int_gemm_act_group(w) >= 0 && (w.act_int8 || s.prompt);
 }
 
-static GemmActs int_gemm_acts(const Weight& w, const float* x, int64_t T, int64_t ldx,
-                              LinearScratch& s) {
+// The activations of weights ws[0 .. n), which share them (the same int_gemm_act_group).
+static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, int64_t T,
+                              int64_t ldx, LinearScratch& s) {
+  const Weight& w = *ws[0];
   const int64_t kp = w.kp, K = w.cols, group = int_gemm_act_group(w);
   const bool vnni = use_avx512();
+  bool int4 = false, int16 = false;  // AVX2: which kernels read them (gemm_int_avx2.cpp)
+  for (int i = 0; i < n; ++i) (ws[i]->fmt == Fmt::I4 ? int4 : int16) = true;
   s.reserve(T, kp);
   parallel_for(T, T * kp >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
@@ -141,10 +145,11 @@ static GemmActs int_gemm_acts(const Weight& w, const float* x, int64_t T, int64_
         avx512::quantize_groups(xp, kp, group, s.xu.data() + t * kp, xs);
       } else if (vnni) {
         avx512::quantize_row_u8(xp, kp, s.xu.data() + t * kp, xs);
-      } else {  // AVX2: the int4 kernel's codes and sums; the int16 kernel's (per token only)
-        if (group) avx2::quantize_groups(xp, kp, group, q, xs);
-        else avx2::quantize_row_i16(xp, kp, q, s.xw.data() + t * kp, xs);
-        group_sums(q, 1, kp, 32, s.gsum.data() + t * (kp / 32));
+      } else {  // AVX2: the codes; as int16 for the int16 kernel, their sums for the int4 one
+        if (group) avx2::quantize_groups(xp, kp, group, q, xs);  // weight-only int4
+        else if (int16) avx2::quantize_row_i16(xp, kp, q, s.xw.data() + t * kp, xs);
+        else avx2::quantize_row(xp, kp, q, xs);
+        if (int4) group_sums(q, 1, kp, 32, s.gsum.data() + t * (kp / 32));
       }
     }
   });
@@ -252,13 +257,13 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
 
 void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
             LinearScratch& s) {
+  const Weight* ws[1] = {&w};
   if (T <= gemv_max_tokens(w)) {
-    const Weight* ws[1] = {&w};
     float* ys[1] = {y};
     gemv_multi(ws, ys, &ldy, 1, x, T, ldx, s);
     return;
   }
-  if (int_gemm_takes(w, s)) return int_gemm_run(w, int_gemm_acts(w, x, T, ldx, s), y, ldy);
+  if (int_gemm_takes(w, s)) return int_gemm_run(w, int_gemm_acts(ws, 1, x, T, ldx, s), y, ldy);
   if (w.fmt == Fmt::SP_F32 && use_avx512() && T >= kSparseF32GemmMinTokens)
     return sparse_f32_gemm(w, x, T, ldx, y, ldy, s);
   prepare(x, T, ldx, w.cols, w.kp, w.act_int8, s);
@@ -285,7 +290,7 @@ void linear_multi(const Weight* const* ws, float* const* ys, int n, const float*
   for (int i = 0; i < n; ++i)
     shared &= int_gemm_takes(*ws[i], s) && int_gemm_act_group(*ws[i]) == int_gemm_act_group(*ws[0]);
   if (shared) {
-    const GemmActs a = int_gemm_acts(*ws[0], x, T, ldx, s);
+    const GemmActs a = int_gemm_acts(ws, n, x, T, ldx, s);
     for (int i = 0; i < n; ++i) int_gemm_run(*ws[i], a, ys[i], ldys[i]);
     return;
   }

@@ -156,6 +156,27 @@ def test_mixed_formats_biases_tied_head_and_chunking(isa):
         np.testing.assert_allclose(g, w, atol=2e-4 * np.abs(w).max(), rtol=0)
 
 
+def test_fused_projections_of_mixed_formats_share_one_prompt_quantization(isa):
+    """q/k/v and gate/up of different int8-activation formats (int4 of two group sizes, int8,
+    bitmask int8) quantize a prompt chunk once for all of them (linear_multi) and each integer
+    GEMM finds what it reads there: the AVX2 int4 kernel its code sums, the int16 one its
+    widened codes. Against the dequantized weights, to int8 activation rounding."""
+    rng = np.random.default_rng(8)
+    args, tensors = tiny_model(rng)
+    names = linear_weight_names(args)
+    cycle = ["int4_g32_a8", "int8_a8", "int4_g64_asym_a8", "sparse_int8_a8"]
+    formats = {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
+    masks = {n: rng.random(tensors[n].shape) < 0.5 for n in names
+             if formats[n].startswith("sparse")}
+    native = NativeDecoderModel(args, tensors, formats, masks=masks, max_tokens=32)
+    tokens, n = rng.integers(0, args.vocab_size, 24), 24  # above every GEMV's limit
+    outs = []
+    for model in (native, DecoderModel(args, native.dequantized_tensors())):
+        k, v = empty_cache(args)
+        outs.append(model.forward(tokens, np.zeros(n, int), np.arange(n), k, v, np.arange(n)))
+    np.testing.assert_allclose(outs[0], outs[1], atol=0.05 * np.abs(outs[1]).max(), rtol=0)
+
+
 @pytest.mark.parametrize("fmt", ["fp32", "int4_g32_a8"])
 def test_a_step_longer_than_max_tokens_runs_in_even_chunks(isa, fmt):
     """A step of 19 tokens with max_tokens 16 runs as 10 + 9, not 16 + 3: three tokens alone

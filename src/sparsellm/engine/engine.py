@@ -78,8 +78,8 @@ class Engine:
     prompts with an integer GEMM on activations quantized per group of columns (int4: its
     weight group; int8: 32), as llama.cpp and OpenVINO do (faster prefill: 3-4x on AVX-512;
     decode and speculative verification keep fp32 activations). False keeps fp32 activations
-    there too. (Prompts' attention runs in
-    blocks of 16 queries on AVX-512 either way: fp32, prefill's values up to rounding.)
+    there too. (Prompts' attention runs in blocks of 16 queries on AVX-512 either way: fp32,
+    prefill's values up to rounding.)
 
     Weights the native runtime converts are cached: the first load writes them to
     `weights_cache` (True: $SPARSELLM_CACHE_DIR or ~/.cache/sparsellm; a folder; False: off)
