@@ -28,6 +28,8 @@ deepsparse_export.py (SparseML 1.8's export with a KV cache, in DeepSparse's ven
 Setup, once, outside CI (peers are never sparsellm dependencies):
     pip install llama-cpp-python gguf                  # compiles llama.cpp, ~15 min on 2 cores
     python -m venv ovenv && ovenv/bin/pip install torch==2.13.0 openvino-genai optimum-intel
+    ovenv/bin/pip uninstall -y torchvision   # pulled in at a build that does not fit torch
+                                             # 2.13.0 ("torchvision::nms does not exist")
     python -m venv dsvenv && dsvenv/bin/pip install torch==2.13.0 deepsparse==1.8.0 \
         sparseml==1.8.0 transformers==4.40.2 compressed-tensors==0.4.0 "datasets<2.19" \
         "accelerate<0.29" "pyarrow<17" "pandas<2.3" "setuptools<81"
