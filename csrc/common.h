@@ -212,9 +212,8 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 // and, in a prompt, weight-only dense int4: y[t * ldy + r] for rows [r0, r1), r0 a multiple of
 // 16, from GemmActs::xw (int16 kernel) or xq and gsum (int4).
 void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
-// Its activations: quantize_row's codes (q) widened to xw (widen_codes; n a multiple of 16), or
-// weight-only int4's codes per group (quantize_groups).
-void quantize_row_i16(const float* x, int64_t n, int8_t* q, int16_t* xw, float* scale);
+// Its activations: quantize_row's codes per token (W8A8, W4A8) or weight-only int4's per group
+// (quantize_groups), widened to int16 for the int16 kernel (widen_codes; n a multiple of 16).
 void widen_codes(const int8_t* q, int64_t n, int16_t* xw);
 void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float* xs);
 }  // namespace avx2

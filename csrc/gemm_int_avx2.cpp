@@ -430,12 +430,6 @@ void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float
   }
 }
 
-// quantize_row's per-token int8 (the GEMV's codes), widened to int16.
-void quantize_row_i16(const float* x, int64_t n, int8_t* q, int16_t* xw, float* scale) {
-  quantize_row(x, n, q, scale);
-  widen_codes(q, n, xw);
-}
-
 void widen_codes(const int8_t* q, int64_t n, int16_t* xw) {
   for (int64_t i = 0; i < n; i += 16)
     _mm256_storeu_si256(

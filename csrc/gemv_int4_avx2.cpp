@@ -11,6 +11,9 @@
 
 namespace sl::avx2 {
 
+static inline __m128i load_u64(const uint8_t* p) {  // 8 bytes, in the low half
+  return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+}
 static inline __m256 u8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 
 // sum_g s_g * z_g * gsum_g of row r for one token: the zero-point term, 8 groups per step
@@ -22,8 +25,7 @@ static inline float zero_point_term(const Weight& w, int64_t r, const float* gsu
   __m256 acc = _mm256_setzero_ps();
   int64_t g = 0;
   for (; g + 8 <= ng; g += 8) {
-    const __m256 zv = w.asym ? u8x8_to_f32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(z + g)))
-                             : _mm256_set1_ps(8.f);
+    const __m256 zv = w.asym ? u8x8_to_f32(load_u64(z + g)) : _mm256_set1_ps(8.f);
     acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(s + g), zv), _mm256_loadu_ps(gsum + g), acc);
   }
   float c = hsum(acc);
@@ -54,10 +56,9 @@ static void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64
         // splitting the nibbles first and widening them in four took six (Zen 3 has two
         // shuffle pipes): TinyLlama-1.1B shape, 2 threads, decode 14.3 -> 20.4 tok/s (g32),
         // 17.3 -> 21.3 (g128), old and new builds in alternating fresh processes.
-        const __m128i* raw = reinterpret_cast<const __m128i*>(row + blk * 16);
-        const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(raw));
-        const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
-            row + blk * 16 + 8)));
+        const uint8_t* raw = row + blk * 16;
+        const __m256i b0 = _mm256_cvtepu8_epi32(load_u64(raw)),
+                      b1 = _mm256_cvtepu8_epi32(load_u64(raw + 8));
         const __m256 q[4] = {_mm256_cvtepi32_ps(_mm256_and_si256(b0, low4x8)),
                              _mm256_cvtepi32_ps(_mm256_and_si256(b1, low4x8)),
                              _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)),

@@ -147,8 +147,8 @@ static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, in
         avx512::quantize_row_u8(xp, kp, s.xu.data() + t * kp, xs);
       } else {  // AVX2: the codes; as int16 for the int16 kernel, their sums for the int4 one
         if (group) avx2::quantize_groups(xp, kp, group, q, xs);  // weight-only int4
-        else if (int16) avx2::quantize_row_i16(xp, kp, q, s.xw.data() + t * kp, xs);
         else avx2::quantize_row(xp, kp, q, xs);
+        if (int16) avx2::widen_codes(q, kp, s.xw.data() + t * kp);
         if (int4) group_sums(q, 1, kp, 32, s.gsum.data() + t * (kp / 32));
       }
     }
