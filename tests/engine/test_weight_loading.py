@@ -138,6 +138,53 @@ def test_truncated_cache_entry_is_ignored_and_rewritten(bf16_model, tmp_path, to
                        ).load() is not None  # rewritten whole
 
 
+def test_cache_keeps_within_its_limit_evicting_the_least_recently_used(
+        bf16_model, tmp_path, monkeypatch, token_ids):
+    ids = token_ids(12, seed=7)
+
+    def load(fmt):
+        return _logits(Engine(bf16_model, sequence_length=32, weights=fmt,
+                              weights_cache=tmp_path), ids)
+
+    load("int8")
+    load("int8_a8")
+    entries = {f.name: f.stat().st_size for f in tmp_path.glob("*.weights")}
+    assert len(entries) == 2
+    os.utime(tmp_path / min(entries), (0, 0))  # both used long ago ...
+    os.utime(tmp_path / max(entries), (0, 0))
+    int8 = load("int8")  # ... then int8 again: int8_a8 is now the least recently used
+    (recent,) = [n for n in entries if (tmp_path / n).stat().st_mtime > 0]
+    orphan, fresh = tmp_path / ".killed.weights.1.tmp", tmp_path / ".writing.weights.2.tmp"
+    orphan.write_bytes(b"x" * 100)
+    fresh.write_bytes(b"x" * 100)
+    os.utime(orphan, (0, 0))
+    # room for two entries: the third evicts the least recently used one
+    monkeypatch.setenv("SPARSELLM_CACHE_MAX_GB", str(2.5 * max(entries.values()) / 1e9))
+    load("int4_g32")
+    left = {f.name for f in tmp_path.glob("*.weights")}
+    assert len(left) == 2 and recent in left and left - set(entries)
+    assert not orphan.exists() and fresh.exists()  # a killed write's temp file goes
+    np.testing.assert_array_equal(load("int8"), int8)  # served from its entry
+
+
+def test_entry_over_the_cache_limit_is_not_written(bf16_model, tmp_path, monkeypatch, caplog):
+    Engine(bf16_model, sequence_length=32, weights="int8", weights_cache=tmp_path)
+    (kept,) = tmp_path.glob("*.weights")
+    monkeypatch.setenv("SPARSELLM_CACHE_MAX_GB", str(kept.stat().st_size / 2 / 1e9))
+    Engine(bf16_model, sequence_length=32, weights="int8_a8", weights_cache=tmp_path)
+    assert list(tmp_path.glob("*.weights")) == [kept]  # nothing written, nothing evicted
+    assert "not caching converted weights" in caplog.text
+    assert "SPARSELLM_CACHE_MAX_GB" in caplog.text
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "nan"])
+def test_malformed_cache_limit_is_a_clear_error(bf16_model, tmp_path, monkeypatch, value):
+    monkeypatch.setenv("SPARSELLM_CACHE_MAX_GB", value)
+    with pytest.raises(ValueError, match=rf"^SPARSELLM_CACHE_MAX_GB='{value}': expected a size "
+                       r"in GB"):
+        Engine(bf16_model, sequence_length=32, weights="int8", weights_cache=tmp_path)
+
+
 def test_in_memory_weights_are_never_cached(bf16_model, tmp_path):
     ck = load_checkpoint(bf16_model)
     edited = ck.with_tensors({n: t * 0.5 if t.ndim == 2 else t for n, t in ck.tensors.items()})

@@ -12,6 +12,12 @@ entry, replaced when stale), and its header records the source files' sizes and 
 times and the packing layout version: a changed source, or a new layout, makes the entry stale,
 and it is rewritten. Writes are atomic (temp + rename): an interrupted write leaves no entry.
 
+The folder is bounded, since one 7B model in three formats is 15 GB: before an entry is
+written, the least recently used entries (a load touches its entry's mtime) are deleted until
+the folder stays within $SPARSELLM_CACHE_MAX_GB (default 40) and the disk keeps
+max(2 GB, 5%) free; when even an empty folder could not hold the entry, nothing is cached.
+Leftover temp files of writes that were killed (an out-of-memory kill, say) go too.
+
 File layout: 8 bytes "SLWCACHE", 8 bytes little-endian header length, the JSON header, zero
 padding to a 4096-byte boundary, then every buffer at a 64-byte aligned offset.
 """
@@ -26,6 +32,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,6 +47,9 @@ logger = logging.getLogger(__name__)
 MAGIC = b"SLWCACHE"
 _ALIGN = 64
 _DATA_ALIGN = 4096
+MAX_GB_ENV = "SPARSELLM_CACHE_MAX_GB"
+DEFAULT_MAX_GB = 40.0
+_ORPHAN_SECONDS = 3600  # a temp file nobody wrote to for an hour is a killed write's
 
 
 def cache_dir_of(setting: str | Path | bool | None) -> Path | None:
@@ -63,6 +73,7 @@ class WeightCache:
         digest = hashlib.sha256(name.encode()).hexdigest()[:20]
         label = sources[0].parent.name if sources else "model"
         self.path = folder / f"{label}-{digest}.weights"
+        self.limit = max_bytes()  # a malformed setting fails here, before minutes of packing
 
     def _identity(self) -> dict:
         return {"layout": LAYOUT_VERSION, "sources": self.sources, "formats": self.formats}
@@ -80,12 +91,15 @@ class WeightCache:
         if header.get("identity") != self._identity():
             logger.info("weights cache entry %s is stale (source or format changed)", self.path)
             return None
+        with contextlib.suppress(OSError):
+            os.utime(self.path)  # recently used: evicted last
         return {name: PackedWeight(format=w["format"], shape=tuple(w["shape"]), kp=w["kp"],
                                    arrays={key: _view(data, *a) for key, a in w["arrays"].items()})
                 for name, w in header["weights"].items()}
 
     def save(self, weights: Mapping[str, PackedWeight]) -> bool:
-        """Write the entry atomically; False (and a warning) if the disk has no room for it."""
+        """Write the entry atomically, evicting least recently used entries to make room; False
+        (and a warning) if there is no room for it even then."""
         entries, offset = {}, 0
         for name, w in weights.items():
             arrays = {}
@@ -96,10 +110,7 @@ class WeightCache:
                              "arrays": arrays}
         header = json.dumps({"identity": self._identity(), "weights": entries}).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(self.path.parent).free
-        if offset + len(header) + (64 << 20) > free:
-            logger.warning("not caching converted weights: %s has %.1f GB free, the entry "
-                           "needs %.1f GB", self.path.parent, free / 1e9, offset / 1e9)
+        if not _make_room(self.path, offset + len(header) + _DATA_ALIGN, self.limit):
             return False
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
                                    suffix=".tmp")
@@ -120,6 +131,51 @@ class WeightCache:
                 os.unlink(tmp)
             raise
         return True
+
+
+def max_bytes() -> int:
+    """The folder's size limit: $SPARSELLM_CACHE_MAX_GB, else DEFAULT_MAX_GB."""
+    text = os.environ.get(MAX_GB_ENV, "")
+    try:
+        gb = float(text) if text else DEFAULT_MAX_GB
+    except ValueError:
+        gb = -1.0
+    if not gb >= 0:
+        raise ValueError(f"{MAX_GB_ENV}={text!r}: expected a size in GB, such as 40")
+    return int(gb * 1e9)
+
+
+def _make_room(path: Path, need: int, limit: int) -> bool:
+    """Delete killed writes' temp files, then least recently used entries (`path`'s own stale
+    entry first) until an entry of `need` bytes fits the folder's limit and leaves the disk
+    max(2 GB, 5%) free. False, evicting nothing, when it cannot fit."""
+    folder, now = path.parent, time.time()
+    entries = []
+    for f in folder.iterdir():
+        with contextlib.suppress(OSError):  # another process may delete it meanwhile
+            st = f.stat()
+            if f.name.startswith(".") and f.name.endswith(".tmp"):
+                if now - st.st_mtime > _ORPHAN_SECONDS:
+                    f.unlink()
+            elif f.suffix == ".weights":
+                entries.append((-1.0 if f == path else st.st_mtime, st.st_size, f))
+    entries.sort(key=lambda e: e[0])
+    disk = shutil.disk_usage(folder)
+    floor = max(2 << 30, disk.total // 20)
+    used, free = sum(e[1] for e in entries), disk.free
+    if need > limit or free + used - need < floor:
+        logger.warning("not caching converted weights (%.1f GB): %s has %.1f GB free, the "
+                       "disk keeps %.1f GB free and the cache's limit is %.3g GB ($%s)",
+                       need / 1e9, folder, free / 1e9, floor / 1e9, limit / 1e9, MAX_GB_ENV)
+        return False
+    for _, size, f in entries:
+        if used + need <= limit and free - need >= floor:
+            break
+        with contextlib.suppress(OSError):
+            f.unlink()
+            logger.info("weights cache: removed %s (least recently used)", f.name)
+        used, free = used - size, free + size
+    return True
 
 
 def _read(path: Path) -> tuple[dict, np.ndarray]:
