@@ -5,23 +5,24 @@
 // them. A weight is expanded once per chunk and an activation quantized once per chunk, where
 // the GEMVs widen the same values per token tile.
 //
-// int16 x int16 -> int32 (vpmaddwd), for W8A8 (dense, bitmask, 2:4) and bitmask W4A8: signed
-// codes (int8, or int4 nibbles) and activations both as int16, 16 exact multiply-adds per madd,
-// -128 included (the sign trick of vpmaddubsw cannot take -128 and saturates). On AMD Zen 3 it
-// reached 73 GMAC/s on 2 cores (SmolLM2-135M shapes, 64 tokens), ~1.2x the fp32 panel GEMM on
-// the same weights rather than the 2x the instruction counts promise. The micro-kernel holds 8
-// rows x 6 tokens of int32 accumulators (12 ymm) + 2 weight vectors + 1 broadcast: per 4
-// columns, 8 loads feed 12 madds. Each int32 lane holds two of a row's products; one hadd per 8
-// rows at a period's end joins them (as gemv_i8a8 does). W8A8 keeps the whole row's dot in
-// int32, y = float(dot) * (xscale * scale), the GEMV's float operations, so prefill gives the
-// decode kernels' bits; bitmask int4 groups end a dot every group and accumulate float(dot) *
-// scale in fp32 (4 tokens per tile: 8 int32 + 4 fp32 accumulators).
+// int16 x int16 -> int32 (vpmaddwd), for W8A8 (dense, bitmask, 2:4): signed int8 codes and
+// activations both as int16, 16 exact multiply-adds per madd, -128 included (the sign trick of
+// vpmaddubsw cannot take -128 and saturates). On AMD Zen 3 it reached 73 GMAC/s on 2 cores
+// (SmolLM2-135M shapes, 64 tokens), ~1.2x the fp32 panel GEMM on the same weights rather than
+// the 2x the instruction counts promise. The micro-kernel holds 8 rows x 6 tokens of int32
+// accumulators (12 ymm) + 2 weight vectors + 1 broadcast: per 4 columns, 8 loads feed 12
+// madds. Each int32 lane holds two of a row's products; one hadd per 8 rows at the end joins
+// them (as gemv_i8a8 does). The whole row's dot stays in int32, y = float(dot) * (xscale *
+// scale), the GEMV's float operations, so prefill gives the decode kernels' bits.
 //
-// Dense int4 (Fmt::I4) multiplies bytes instead (I4Kernel): unsigned nibbles u x int8 codes is
-// what vpmaddubsw takes exactly, 32 multiply-adds per instruction. The zero point comes off per
-// 32 columns as z * (the token's sum of those codes). It serves W4A8 and, for a prompt,
-// weight-only int4 with x quantized per weight group (quantize_groups, the AVX-512 GEMM's codes).
-// Weight-only int8 and bitmask prompts keep the fp32 panel GEMM here: with x quantized per
+// Int4, dense (Fmt::I4) and bitmask (Fmt::SP_I4, its signed nibbles q expanded as u = q + 8,
+// dropped columns 8, zero point 8), multiplies bytes instead (I4Kernel): unsigned nibbles u x
+// int8 codes is what vpmaddubsw takes exactly, 32 multiply-adds per instruction. The zero point
+// comes off per 32 columns as z * (the token's sum of those codes). It serves W4A8 and, for a
+// prompt, weight-only int4 with x quantized per weight group (quantize_groups, the AVX-512
+// GEMM's codes). Bitmask int4 in the int16 kernel, with a dot per group, prefilled at 0.46x
+// (W4A8) and, in fp32 panels, 0.73x (W4A16) of dense int4 (SmolLM2-135M, 512 tokens).
+// Weight-only int8 and bitmask int8 prompts keep the fp32 panel GEMM here: with x quantized per
 // group of 32 columns, as the AVX-512 int8 GEMM does, a dot per 32 columns in the int16 kernel
 // ran at 0.83x the fp32 GEMM's speed for weight-only int8 (TinyLlama-1.1B, 512-token prefill,
 // 2 threads).
@@ -77,7 +78,7 @@ struct SpI8Rows {  // Fmt::SP_I8: 32 columns = 4 mask bytes, expanded by table s
   }
 };
 
-struct SpI4Rows {  // Fmt::SP_I4: 4 mask bytes of signed nibbles (expand32_nibbles_i16)
+struct SpI4Rows {  // Fmt::SP_I4: signed nibbles q + 8 as I4Kernel's unsigned u (dropped: 8)
   const Weight& w;
   const uint8_t* v[kRows];
   const uint8_t* m[kRows];
@@ -88,10 +89,11 @@ struct SpI4Rows {  // Fmt::SP_I4: 4 mask bytes of signed nibbles (expand32_nibbl
     p[i] = 0;
   }
   __m256i next(int i, int64_t k) {
-    if (k >= words_end(w)) return _mm256_setzero_si256();  // a padding word
+    const __m256i eight = _mm256_set1_epi8(8);
+    if (k >= words_end(w)) return eight;  // a padding word
     const I16x32 e = expand32_nibbles_i16(v[i], k / 8, load_u32(m[i] + k / 8), p[i]);
     // packs leaves columns 0..7, 16..23, 8..15, 24..31 in its four qwords: reorder them
-    return _mm256_permute4x64_epi64(_mm256_packs_epi16(e.lo, e.hi), 0xd8);
+    return _mm256_add_epi8(_mm256_permute4x64_epi64(_mm256_packs_epi16(e.lo, e.hi), 0xd8), eight);
   }
 };
 
@@ -204,64 +206,47 @@ void run_tiles(const K& k, int64_t T) {
   for (int64_t t0 = 0; t0 < T; t0 += K::kMaxNT) tail(k, std::min<int64_t>(K::kMaxNT, T - t0), t0);
 }
 
-// W8A8: per row x per token, one int32 dot per row; W4A8: per int4 group x per token.
-enum class Scales { kRowToken, kGroupToken };
-
 // A block's int32 lanes (two per row, rows 0-3 in a, 4-7 in b) -> the 8 rows' dots in order.
 inline __m256i join_rows(__m256i a, __m256i b) {
   return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a, b),
                                      _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
 }
 
-template <int E, Scales S>
+// W8A8 (dense, bitmask, 2:4): one int32 dot per row and token over the whole row, y =
+// float(dot) * (xscale * scale), the GEMV's float operations. 6 tokens per tile: 12 int32
+// accumulators, 2 weight vectors, 1 broadcast.
 struct Kernel {
   const int16_t* blk;  // kRows * kp codes
-  const float* sc;     // the block's scales: (groups, 8)
+  const float* sc;     // the block's 8 row scales
   const GemmActs& a;
   int64_t kp;
   float* y;
   int64_t ldy, r, n;  // rows r .. r + n - 1 are stored
+  static constexpr int kMaxNT = 6;
 
   template <int NT>
   [[gnu::noinline]] void tile(int64_t t0) const {
     const int16_t* xw = a.xw + t0 * kp;
     __m256i dot[2][NT];
-    __m256 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < kp; k0 += E ? E : kp) {
-      const int64_t p = E ? k0 / E : 0;
-      for (int t = 0; t < NT; ++t) dot[0][t] = dot[1][t] = _mm256_setzero_si256();
-      const int64_t kend = E ? k0 + E : kp;
-      _Pragma("GCC unroll 8") for (int64_t k = k0; k < kend; k += 4) {
-        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k));
-        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k + 16));
-        for (int t = 0; t < NT; ++t) {
-          int64_t x4;
-          std::memcpy(&x4, xw + t * kp + k, 8);
-          const __m256i xb = _mm256_set1_epi64x(x4);
-          dot[0][t] = _mm256_add_epi32(dot[0][t], _mm256_madd_epi16(w0, xb));
-          dot[1][t] = _mm256_add_epi32(dot[1][t], _mm256_madd_epi16(w1, xb));
-        }
-      }
-      if constexpr (E > 0) {
-        const __m256 ws = _mm256_load_ps(sc + p * 8);
-        for (int t = 0; t < NT; ++t)
-          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(join_rows(dot[0][t], dot[1][t])), ws, acc[t]);
+    for (int t = 0; t < NT; ++t) dot[0][t] = dot[1][t] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int64_t k = 0; k < kp; k += 4) {
+      const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k));
+      const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k + 16));
+      for (int t = 0; t < NT; ++t) {
+        int64_t x4;
+        std::memcpy(&x4, xw + t * kp + k, 8);
+        const __m256i xb = _mm256_set1_epi64x(x4);
+        dot[0][t] = _mm256_add_epi32(dot[0][t], _mm256_madd_epi16(w0, xb));
+        dot[1][t] = _mm256_add_epi32(dot[1][t], _mm256_madd_epi16(w1, xb));
       }
     }
     for (int t = 0; t < NT; ++t) {
-      __m256 out;
-      if constexpr (S == Scales::kRowToken)  // W8A8: float(dot) * (xscale * scale), as the GEMV
-        out = _mm256_mul_ps(_mm256_cvtepi32_ps(join_rows(dot[0][t], dot[1][t])),
-                            _mm256_mul_ps(_mm256_set1_ps(a.xs[t0 + t]), _mm256_load_ps(sc)));
-      else
-        out = _mm256_mul_ps(acc[t], _mm256_set1_ps(a.xs[t0 + t]));
+      const __m256 out =
+          _mm256_mul_ps(_mm256_cvtepi32_ps(join_rows(dot[0][t], dot[1][t])),
+                        _mm256_mul_ps(_mm256_set1_ps(a.xs[t0 + t]), _mm256_load_ps(sc)));
       store_rows(out, y + (t0 + t) * ldy + r, n);
     }
   }
-
-  // Tokens per tile: 6 with int32 accumulators only, 4 with the fp32 ones too (16 ymm).
-  static constexpr int kMaxNT = E == 0 ? 6 : 4;
 };
 
 // Fmt::I4: the block holds the nibbles u as bytes, so one vpmaddubsw multiplies a vector (8
@@ -329,10 +314,11 @@ struct Expanded {
 };
 
 // Rows [r, r + n)'s scales (w.scale is (rows, groups)) and, for int4, zero points -> ex, per
-// group; rows past n get 0 (their outputs are not stored).
+// group; rows past n get 0 (their outputs are not stored). Bitmask int4 is symmetric: its
+// unsigned codes q + 8 (SpI4Rows) have the zero point 8, as symmetric dense int4's do.
 void expand_scales(const Weight& w, int64_t r, int64_t n, Expanded& ex) {
   const int64_t groups = scale_groups(w);
-  const bool int4 = w.fmt == Fmt::I4;
+  const bool int4 = w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4;
   for (int64_t i = 0; i < kRows; ++i)
     for (int64_t g = 0; g < groups; ++g) {
       ex.scale[g * kRows + i] = i < n ? w.scale[(r + i) * groups + g] : 0.f;
@@ -340,30 +326,20 @@ void expand_scales(const Weight& w, int64_t r, int64_t n, Expanded& ex) {
     }
 }
 
-template <int E, Scales S, class Rows>
-void gemm_rows(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
-               Rows& rows, Expanded& ex) {
+template <class Rows>
+void gemm_int16(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0,
+                int64_t r1, Rows&& rows, Expanded& ex) {
   for (int64_t r = r0; r < r1; r += kRows) {
     const int64_t n = std::min(kRows, r1 - r);
     expand_block(w, rows, r, r1, ex.codes.data());
     expand_scales(w, r, n, ex);
-    run_tiles(Kernel<E, S>{ex.codes.data(), ex.scale.data(), a, w.kp, y, ldy, r, n}, a.T);
+    run_tiles(Kernel{ex.codes.data(), ex.scale.data(), a, w.kp, y, ldy, r, n}, a.T);
   }
 }
 
 template <class Rows>
-void gemm_format(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0,
-                 int64_t r1, Rows&& rows, Expanded& ex) {
-  if (!fmt_traits(w.fmt).grouped)
-    return gemm_rows<0, Scales::kRowToken>(w, a, y, ldy, r0, r1, rows, ex);
-  with_group(w.group, [&](auto g) {
-    gemm_rows<decltype(g)::value, Scales::kGroupToken>(w, a, y, ldy, r0, r1, rows, ex);
-  });
-}
-
 void gemm_i4(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
-             Expanded& ex) {
-  I4Rows rows{w, {}};
+             Rows&& rows, Expanded& ex) {
   with_group(w.group, [&](auto g) {
     constexpr int G = decltype(g)::value;
     for (int64_t r = r0; r < r1; r += kRows) {
@@ -390,17 +366,17 @@ void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t
     if (v.size() < size) v.resize(size);
   };
   grow(ex.scale, scales);
-  if (w.fmt == Fmt::I4) {
+  if (w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4) {
     grow(ex.nibbles, codes);
     grow(ex.zero, scales);
-    return gemm_i4(w, a, y, ldy, r0, r1, ex);
+    if (w.fmt == Fmt::I4) return gemm_i4(w, a, y, ldy, r0, r1, I4Rows{w, {}}, ex);
+    return gemm_i4(w, a, y, ldy, r0, r1, SpI4Rows{w, {}, {}, {}}, ex);
   }
   grow(ex.codes, codes);
   switch (w.fmt) {
-    case Fmt::I8_R16: return gemm_format(w, a, y, ldy, r0, r1, NoRows{}, ex);
-    case Fmt::SP_I8: return gemm_format(w, a, y, ldy, r0, r1, SpI8Rows{w, {}, {}}, ex);
-    case Fmt::SP_I4: return gemm_format(w, a, y, ldy, r0, r1, SpI4Rows{w, {}, {}, {}}, ex);
-    default: return gemm_format(w, a, y, ldy, r0, r1, S24Rows{w, {}, {}}, ex);  // S24_I8
+    case Fmt::I8_R16: return gemm_int16(w, a, y, ldy, r0, r1, NoRows{}, ex);
+    case Fmt::SP_I8: return gemm_int16(w, a, y, ldy, r0, r1, SpI8Rows{w, {}, {}}, ex);
+    default: return gemm_int16(w, a, y, ldy, r0, r1, S24Rows{w, {}, {}}, ex);  // S24_I8
   }
 }
 

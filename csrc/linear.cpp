@@ -31,7 +31,8 @@ int64_t int_gemm_act_group(const Weight& w) {
   if (fmt_traits(w.fmt).is_float || !use_avx2()) return -1;
   if (w.act_int8) return 0;
   if (use_avx512()) return fmt_traits(w.fmt).grouped ? w.group : 32;
-  return w.fmt == Fmt::I4 ? w.group : -1;  // gemm_int_avx2.cpp: the others keep fp32 panels
+  // gemm_int_avx2.cpp: int4 (dense, bitmask) multiplies bytes; the others keep fp32 panels
+  return w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4 ? w.group : -1;
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
@@ -117,7 +118,7 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
   });
 }
 
-// The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd, int8 maddubs for dense int4):
+// The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd, int8 maddubs for int4):
 // activations as integer codes (W8A8 / W4A8: the GEMV's per-token int8; weight-only prompts:
 // quantized per group of columns, int_gemm_act_group), in parallel over tokens, once for every
 // weight of the same width and activation group (q/k/v, gate/up), then the GEMM of each weight
@@ -133,7 +134,8 @@ static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, in
   const int64_t kp = w.kp, K = w.cols, group = int_gemm_act_group(w);
   const bool vnni = use_avx512();
   bool int4 = false, int16 = false;  // AVX2: which kernels read them (gemm_int_avx2.cpp)
-  for (int i = 0; i < n; ++i) (ws[i]->fmt == Fmt::I4 ? int4 : int16) = true;
+  for (int i = 0; i < n; ++i)
+    (ws[i]->fmt == Fmt::I4 || ws[i]->fmt == Fmt::SP_I4 ? int4 : int16) = true;
   s.reserve(T, kp);
   parallel_for(T, T * kp >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {

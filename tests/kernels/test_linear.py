@@ -204,16 +204,16 @@ def test_activation_quantization_twin(isa, rng, n):
 
 
 @pytest.mark.parametrize("n", [128, 200])
-@pytest.mark.parametrize("fmt", ["int4_g32", "int8", "sparse_int8"])
+@pytest.mark.parametrize("fmt", ["int4_g32", "sparse_int4_g32", "int8", "sparse_int8"])
 def test_int8_gemm_activation_quantization_twin(isa, rng, n, fmt):
-    """Weight-only prompts in the integer GEMMs (AVX-512: every integer format; AVX2: dense
-    int4) quantize x per group of 32 columns (int4: its weight group;
+    """Weight-only prompts in the integer GEMMs (AVX-512: every integer format; AVX2: int4,
+    dense and bitmask) quantize x per group of 32 columns (int4: its weight group;
     `reference.quantize_activation_groups`, scale max / 127): read through an identity weight,
     y[t, i] = xq[t, i] * scale[t, i / 32] * w[i, i] to a few ulp, and the codes are the twin's
     exactly. (The portable path, and AVX2 for the other formats, keep fp32 panels.)"""
     eye = np.eye(n, dtype=np.float32)
     p = kernels.pack(eye, fmt, eye != 0 if fmt.startswith("sparse") else None)
-    if not (isa == "avx512" or isa == "avx2" and fmt == "int4_g32"):
+    if not (isa == "avx512" or isa == "avx2" and "int4" in fmt):
         assert p.native().int8_gemm_act_group == -1
         np.testing.assert_array_equal(kernels.linear(eye[:20], p, prompt=True),
                                       ref.dequantize(p)[:, :20].T)
