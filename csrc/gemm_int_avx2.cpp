@@ -78,22 +78,22 @@ struct SpI8Rows {  // Fmt::SP_I8: 32 columns = 4 mask bytes, expanded by table s
   }
 };
 
-struct SpI4Rows {  // Fmt::SP_I4: signed nibbles q + 8 as I4Kernel's unsigned u (dropped: 8)
-  const Weight& w;
-  const uint8_t* v[kRows];
-  const uint8_t* m[kRows];
-  int64_t p[kRows];
+// Fmt::SP_I4: each row's nibbles unpacked to bytes 16 q (unpack_sp_i4_row, into buf: kRows
+// rows of sp_i4_row_bytes), expanded as SP_I8's, then made I4Kernel's unsigned u = q + 8: the
+// high nibble moved down and its sign bit flipped (a dropped column's 0 becomes 8, zero too).
+inline int64_t sp_i4_row_bytes(const Weight& w) { return words_end(w) + 64; }
+struct SpI4Rows : SpI8Rows {
+  int8_t* buf;
   void begin(int i, int64_t r) {
-    v[i] = static_cast<const uint8_t*>(w.data) + w.row_off[r];
+    int8_t* row = buf + i * sp_i4_row_bytes(w);
+    unpack_sp_i4_row(w, r, row);
+    v[i] = row;
     m[i] = w.mask + r * (w.kp / 8);
-    p[i] = 0;
   }
   __m256i next(int i, int64_t k) {
-    const __m256i eight = _mm256_set1_epi8(8);
-    if (k >= words_end(w)) return eight;  // a padding word
-    const I16x32 e = expand32_nibbles_i16(v[i], k / 8, load_u32(m[i] + k / 8), p[i]);
-    // packs leaves columns 0..7, 16..23, 8..15, 24..31 in its four qwords: reorder them
-    return _mm256_add_epi8(_mm256_permute4x64_epi64(_mm256_packs_epi16(e.lo, e.hi), 0xd8), eight);
+    const __m256i q = _mm256_and_si256(_mm256_srli_epi16(SpI8Rows::next(i, k), 4),
+                                       _mm256_set1_epi8(0x0f));
+    return _mm256_xor_si256(q, _mm256_set1_epi8(8));
   }
 };
 
@@ -309,6 +309,7 @@ struct I4Kernel {
 struct Expanded {
   AlignedVector<int16_t> codes;   // (kRows, kp) in the block layout (the int16 kernel)
   AlignedVector<uint8_t> nibbles; // (kRows, kp) in the block layout (I4Kernel)
+  AlignedVector<int8_t> rows;     // SP_I4: (kRows, sp_i4_row_bytes) unpacked rows
   AlignedVector<float> scale;     // (groups, kRows)
   AlignedVector<float> zero;      // (groups, kRows)
 };
@@ -370,7 +371,8 @@ void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t
     grow(ex.nibbles, codes);
     grow(ex.zero, scales);
     if (w.fmt == Fmt::I4) return gemm_i4(w, a, y, ldy, r0, r1, I4Rows{w, {}}, ex);
-    return gemm_i4(w, a, y, ldy, r0, r1, SpI4Rows{w, {}, {}, {}}, ex);
+    grow(ex.rows, size_t(kRows * sp_i4_row_bytes(w)));
+    return gemm_i4(w, a, y, ldy, r0, r1, SpI4Rows{{w, {}, {}}, ex.rows.data()}, ex);
   }
   grow(ex.codes, codes);
   switch (w.fmt) {

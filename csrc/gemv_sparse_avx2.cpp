@@ -4,13 +4,17 @@
 // whose controls come from 256-entry tables indexed by a mask byte; the value pointer then
 // advances by popcount(mask byte). Weights are read once, in order. The integer-activation
 // kernels (W8A8, W4A8) and W4A16 expand 16 columns at a time straight to int16
-// (simd_avx2.h expand32_i16 / expand32_nibbles_i16); the fp32 and W8A16 ones 8 columns to
-// fp32. The expansion costs the same instructions whatever the density, so at T = 1 these
-// kernels are compute-bound on AVX2 (bitmask W8A8 ~1/3 of the dense int8 kernel's weights/s
-// from cache, W4A8 ~1/4 of dense int4's, kernels/bench.py "hot GB/s"). An in-register control
-// computation (nibble popcounts + prefix sums, no table lookups) was measured slower: it moves
-// the work onto the two shuffle ports. AVX-512 VBMI2's vpexpandb does the expansion in one
-// instruction.
+// (simd_avx2.h expand32_i16; int4 rows are unpacked to bytes first, unpack_sp_i4_row); the
+// fp32 and W8A16 ones 8 columns to fp32. The expansion costs the same instructions whatever
+// the density, so at T = 1 these kernels are compute-bound on AVX2: ~38 instructions per 32
+// columns, which Zen 3 retires at ~5.6 per cycle (~13 G weights/s per core from L2, where the
+// dense int8 GEMV does ~23). Variants measured no faster there: BMI2 rotates and bzhi for the
+// table offsets and popcounts (38 instructions instead of 45), madd of the values left in the
+// high byte (no shift) with the sums shifted once per 2048 columns, a 128-bit broadcast of the
+// values with the second lane's control offset by a table add, and software prefetch from
+// DRAM. An in-register control computation (nibble popcounts + prefix sums, no table lookups)
+// was slower: it moves the work onto the two shuffle ports. AVX-512 VBMI2's vpexpandb does the
+// expansion in one instruction.
 //
 // The 2:4 format instead gathers the activations: 2-bit selectors become a pshufb control in
 // 4 instructions per 64 columns and the 32 packed weights are used as they are.
@@ -92,24 +96,54 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
   });
 }
 
-// W4A16 bitmask: 32 columns at a time expanded to int16 as for W4A8, then widened to fp32
-// (8 columns per vector) against the tokens' fp32 activations; two fp32 accumulators per token
-// and group (even / odd 8 columns), scaled at the group's end. 3 tokens per tile: 3 x (acc,
-// ga, gb) + the four widened weight vectors.
+// Bitmask int4 rows: each row's nibbles become bytes first (unpack_sp_i4_row), then 32
+// columns at a time expand as bitmask int8's do. Rows are unpacked one ahead into two
+// per-thread buffers, so the row being multiplied was written a row earlier: expansion loads
+// overlapping stores still in flight cannot take their data from them and wait until they
+// retire. The group ends are counted down in one flat loop over the row (1.16x the nested group
+// loop at group 32).
+class SpI4RowPipe {
+ public:
+  explicit SpI4RowPipe(const Weight& w) : w_(w) {
+    thread_local AlignedVector<int8_t> buf;
+    stride_ = words_end(w) + 64;
+    if (buf.size() < size_t(2 * stride_)) buf.resize(size_t(2 * stride_));
+    buf_ = buf.data();
+  }
+  // Row r's values as bytes (unpacked now if not held), after unpacking row r + 1.
+  const int8_t* row(int64_t r) {
+    if (held_[r & 1] != r) unpack(r);
+    if (r + 1 < w_.rows && held_[(r + 1) & 1] != r + 1) unpack(r + 1);
+    return buf_ + (r & 1) * stride_;
+  }
+
+ private:
+  void unpack(int64_t r) {
+    unpack_sp_i4_row(w_, r, buf_ + (r & 1) * stride_);
+    held_[r & 1] = r;
+  }
+  const Weight& w_;
+  int8_t* buf_;
+  int64_t stride_;
+  int64_t held_[2] = {-1, -1};
+};
+
+// W4A16: the expanded int16 values widen to fp32 (8 columns per vector) against the tokens'
+// fp32 activations; two fp32 accumulators per token and group (even / odd 8 columns), scaled at
+// the group's end. 3 tokens per tile: 3 x (acc, ga, gb) + the four widened weight vectors.
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const uint8_t* V = static_cast<const uint8_t*>(w.data);
   const int64_t kp = w.kp, ng = kp / w.group, steps_per_group = w.group / 32;
+  SpI4RowPipe rows(w);
   for_rows_and_tiles<3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
     const uint8_t* mrow = w.mask + r * (kp / 8);
-    const uint8_t* vals = V + w.row_off[r];
+    const int8_t* v = rows.row(r);
     const float* scale = w.scale + r * ng;
-    int64_t p = 0;  // nibble index into this row's packed values
     __m256 acc[NT], ga[NT], gb[NT];
     for (int t = 0; t < NT; ++t) acc[t] = ga[t] = gb[t] = _mm256_setzero_ps();
     int64_t steps_left = steps_per_group;
     for (int64_t c = 0; c < kp / 8; c += 4) {  // 32 columns per step
-      const I16x32 wv = expand32_nibbles_i16(vals, c, load_u32(mrow + c), p);
+      const I16x32 wv = expand32_i16<12>(v, load_u32(mrow + c));
       const __m256 f[4] = {
           _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(wv.lo))),
           _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(wv.lo, 1))),
@@ -135,29 +169,24 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   });
 }
 
-// W4A8 bitmask: 32 columns at a time expanded to int16 (expand32_nibbles_i16) and multiplied
-// with each token's int16 codes (Acts::xw) by two madds; one int32 accumulator per
-// token and group, scaled into fp32 at the group's end. One flat loop over the row (the group
-// ends counted down) measured 1.16x the nested group loop at group 32. Still ~4x slower than
-// the dense int4 W4A8 GEMV per column from cache (kernels/bench.py "hot GB/s": 2.9 vs 12 on
-// Zen 3): the nibble stream costs two more shifts and a GPR-to-vector move per 16 columns.
+// W4A8: the expanded values times each token's int16 codes (Acts::xw) by two madds; one int32
+// accumulator per token and group, scaled into fp32 at the group's end.
 void gemv_sp_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                   int64_t r1) {
-  const uint8_t* V = static_cast<const uint8_t*>(w.data);
   const int64_t kp = w.kp, ng = kp / w.group, steps_per_group = w.group / 32;
+  SpI4RowPipe rows(w);
   for_rows_and_tiles<8>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
     const uint8_t* mrow = w.mask + r * (kp / 8);
-    const uint8_t* vals = V + w.row_off[r];
+    const int8_t* v = rows.row(r);
     const int16_t* xw = a.xw + t0 * kp;
     const float* scale = w.scale + r * ng;
-    int64_t p = 0;  // nibble index into this row's packed values
     __m256 acc[NT];
     __m256i gi[NT];  // the current group's exact dot products
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps(), gi[t] = _mm256_setzero_si256();
     int64_t steps_left = steps_per_group;
     for (int64_t c = 0; c < kp / 8; c += 4) {  // 32 columns per step
-      const I16x32 wv = expand32_nibbles_i16(vals, c, load_u32(mrow + c), p);
+      const I16x32 wv = expand32_i16<12>(v, load_u32(mrow + c));
       for (int t = 0; t < NT; ++t) gi[t] = dot_i16(gi[t], wv, xw + t * kp + 8 * c);
       if (--steps_left == 0) {  // the group's end: scale into fp32
         const __m256 s = _mm256_set1_ps(*scale++);

@@ -67,8 +67,6 @@ struct Tables {
   uint64_t shuf[256] = {};  // byte j <- packed byte rank(j), or 0x80 (zero) if column j dropped
   // int16 lane j: high byte <- packed byte rank(j), low byte zero (both zero if j dropped)
   alignas(16) uint8_t spread[256][16] = {};
-  // The same for the nibble source of expand16_nibbles_i16: rank k in byte (k & 1) * 8 + k / 2.
-  alignas(16) uint8_t spread_nibbles[256][16] = {};
   constexpr Tables() {
     for (int m = 0; m < 256; ++m) {
       uint64_t s = 0;
@@ -79,8 +77,6 @@ struct Tables {
         s |= uint64_t(on ? rank : 0x80) << (8 * j);
         spread[m][2 * j] = 0x80;
         spread[m][2 * j + 1] = uint8_t(on ? rank : 0x80);
-        spread_nibbles[m][2 * j] = 0x80;
-        spread_nibbles[m][2 * j + 1] = uint8_t(on ? (rank & 1) * 8 + rank / 2 : 0x80);
         rank += on;
       }
       shuf[m] = s;
@@ -105,63 +101,67 @@ inline __m128i expand16_i8(const int8_t* v, uint32_t m0, uint32_t m1) {
 // 16 dense columns as int16 from packed int8 values: columns 0..7 (low 128-bit lane) from the
 // values at v0 placed by the spread control c0 (kT.spread[mask byte]), columns 8..15 from v1
 // by c1. One in-lane shuffle puts each value in the high byte of its column's int16 and the
-// arithmetic shift sign-extends it: madd's operand in 4 vector instructions.
+// arithmetic shift sign-extends it: madd's operand in 4 vector instructions. Shift 12 reads
+// bytes holding an int4 value in their high nibble (unpack_sp_i4_row).
+template <int Shift = 8>
 inline __m256i expand16_i16(const int8_t* v0, const int8_t* v1, const uint8_t* c0,
                             const uint8_t* c1) {
   const __m256i vals = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(v1),
                                            reinterpret_cast<const __m128i*>(v0));
   const __m256i ctrl = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(c1),
                                            reinterpret_cast<const __m128i*>(c0));
-  return _mm256_srai_epi16(_mm256_shuffle_epi8(vals, ctrl), 8);
-}
-
-// 16 dense columns as int16 from a nibble stream: columns 0..7 (control c0, the
-// kT.spread_nibbles entry of their mask byte) from nibble p0 on, 8..15 (c1) from nibble p1 on.
-// Each lane takes 16 nibbles as a 64-bit word shifted to start at its first nibble and puts
-// beside it its copy shifted up by 4 (every even nibble now in its byte's high half); the
-// shuffle moves each kept nibble's byte into the high byte of its column's int16, and the
-// shift by 12 sign-extends the 4 bits, dropping the neighbouring nibble.
-inline uint64_t nibbles_from(const uint8_t* vals, int64_t p) {
-  uint64_t v;
-  __builtin_memcpy(&v, vals + (p >> 1), 8);
-  return v >> ((p & 1) * 4);
-}
-inline __m256i expand16_nibbles_i16(const uint8_t* vals, int64_t p0, int64_t p1,
-                                    const uint8_t* c0, const uint8_t* c1) {
-  const __m256i raw = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_cvtsi64_si128(int64_t(nibbles_from(vals, p0)))),
-      _mm_cvtsi64_si128(int64_t(nibbles_from(vals, p1))), 1);
-  const __m256i src = _mm256_unpacklo_epi64(_mm256_slli_epi16(raw, 4), raw);
-  const __m256i ctrl = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(c1),
-                                           reinterpret_cast<const __m128i*>(c0));
-  return _mm256_srai_epi16(_mm256_shuffle_epi8(src, ctrl), 12);
+  return _mm256_srai_epi16(_mm256_shuffle_epi8(vals, ctrl), Shift);
 }
 
 // The 32 columns of mask bytes c .. c + 3 (4-byte mask word m) of a bitmask row as int16 from
-// its int8 values at v / its nibble stream from nibble p (which move past them; c % 8 == 0
-// starts a 64-column word, whose nibbles start on a byte). The mask bytes become table
-// offsets (16 bytes per entry) in two instructions each, where extracting and scaling a byte
-// costs three.
+// its values at v (which moves past them). The mask bytes become table offsets (16 bytes per
+// entry) in two instructions each, where extracting and scaling a byte costs three.
+template <int Shift = 8>
 inline I16x32 expand32_i16(const int8_t*& v, uint32_t m) {
   const uint8_t* t = &kT.spread[0][0];
   const int8_t* v1 = v + __builtin_popcount(m & 0xff);
   const int8_t* v2 = v + __builtin_popcount(m & 0xffff);
   const int8_t* v3 = v + __builtin_popcount(m & 0xffffff);
-  const I16x32 w = {expand16_i16(v, v1, t + ((m << 4) & 0xff0), t + ((m >> 4) & 0xff0)),
-                    expand16_i16(v2, v3, t + ((m >> 12) & 0xff0), t + ((m >> 20) & 0xff0))};
+  const I16x32 w = {
+      expand16_i16<Shift>(v, v1, t + ((m << 4) & 0xff0), t + ((m >> 4) & 0xff0)),
+      expand16_i16<Shift>(v2, v3, t + ((m >> 12) & 0xff0), t + ((m >> 20) & 0xff0))};
   v += __builtin_popcount(m);
   return w;
 }
-inline I16x32 expand32_nibbles_i16(const uint8_t* vals, int64_t c, uint32_t m, int64_t& p) {
-  const uint8_t* t = &kT.spread_nibbles[0][0];
-  if (c % 8 == 0) p = sp_i4_word_start(p);
-  const int64_t p1 = p + __builtin_popcount(m & 0xff), p2 = p + __builtin_popcount(m & 0xffff),
-                p3 = p + __builtin_popcount(m & 0xffffff);
-  const I16x32 w = {
-      expand16_nibbles_i16(vals, p, p1, t + ((m << 4) & 0xff0), t + ((m >> 4) & 0xff0)),
-      expand16_nibbles_i16(vals, p2, p3, t + ((m >> 12) & 0xff0), t + ((m >> 20) & 0xff0))};
-  p += __builtin_popcount(m);
-  return w;
+
+// A bitmask int4 row's nibble stream (SP_I4, common.h: each 64-column word's values start on a
+// byte, the even ranks in low nibbles) -> its values as bytes in rank order, each value in the
+// high nibble (16 x the value as int8). The int4 kernels then expand a row as the int8 ones do
+// (expand32_i16<12>, expand16_i8): per word one 32-byte load, two ands, a shift, two unpacks
+// and two permutes, where expanding the nibble stream directly took two more shifts and a
+// GPR-to-vector move per 16 columns, and ran at a third of the int8 kernels' speed. out needs
+// words_end(w) + 64 bytes; bytes past the row's values are left undefined (the masks drop them).
+inline void unpack_sp_i4_row(const Weight& w, int64_t r, int8_t* out) {
+  const uint8_t* src = static_cast<const uint8_t*>(w.data) + w.row_off[r];
+  const uint8_t* end = static_cast<const uint8_t*>(w.data) + w.row_off[w.rows];
+  const uint8_t* mask = w.mask + r * (w.kp / 8);
+  const __m256i high = _mm256_set1_epi8(char(0xf0));
+  for (int64_t c = 0; c < words_end(w); c += 64) {
+    uint64_t m;
+    __builtin_memcpy(&m, mask + c / 8, 8);
+    const int n = __builtin_popcountll(m);
+    __m256i b;
+    if (end - src >= 32) {
+      b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    } else {  // the weight's last values: do not read past them
+      alignas(32) uint8_t tail[32] = {};
+      __builtin_memcpy(tail, src, size_t(end - src));
+      b = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+    }
+    const __m256i even = _mm256_and_si256(_mm256_slli_epi16(b, 4), high);
+    const __m256i odd = _mm256_and_si256(b, high);
+    const __m256i lo = _mm256_unpacklo_epi8(even, odd), hi = _mm256_unpackhi_epi8(even, odd);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(lo, hi, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32),
+                        _mm256_permute2x128_si256(lo, hi, 0x31));
+    out += n;
+    src += sp_i4_word_bytes(n);
+  }
 }
 
 // acc + the int16 dot of 32 columns (w) with 32 activation codes at x (8 int32 lanes).
