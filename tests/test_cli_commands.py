@@ -78,6 +78,24 @@ def test_errors_exit_2_with_one_clear_line(args, message, tiny_llama_dir):
     assert lines[0].startswith("sparsellm generate: error: ") and message in lines[0]
 
 
+def test_full_disk_exits_1_with_one_clear_line(tmp_path):
+    """No room to assemble a packaged model (the disk's free space reported as 1 MB): one line
+    naming the folder and the way out, no traceback."""
+    code = ("import collections, shutil, sys\n"
+            "usage = collections.namedtuple('usage', 'total used free')\n"
+            "shutil.disk_usage = lambda p: usage(10**12, 10**12 - 10**6, 10**6)\n"
+            "from sparsellm.cli import main\n"
+            "sys.exit(main(['generate', 'gemma-3-270m', 'hi']))\n")
+    env = {**subprocess_env(), "SPARSELLM_CACHE_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("sparsellm generate: error: assembling gemma-3-270m")
+    assert f"in {tmp_path}/models, which has 1 MB free" in lines[0]
+
+
 def test_serve_engine_flags_go_with_model_path(tmp_path, tiny_llama_dir):
     config = tmp_path / "config.yaml"
     config.write_text(f"endpoints: [{{model: {tiny_llama_dir}}}]\n")

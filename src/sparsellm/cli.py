@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sys
@@ -49,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:  # user errors: one clear line, no traceback
         print(f"sparsellm {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        where = f": {e.filename}" if e.filename else ""
+        print(f"sparsellm {args.command}: error: {e.strerror}{where}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

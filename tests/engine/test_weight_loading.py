@@ -185,6 +185,26 @@ def test_malformed_cache_limit_is_a_clear_error(bf16_model, tmp_path, monkeypatc
         Engine(bf16_model, sequence_length=32, weights="int8", weights_cache=tmp_path)
 
 
+def test_disk_filling_during_the_cache_write_still_loads(bf16_model, tmp_path, monkeypatch,
+                                                         caplog, token_ids):
+    """The disk fills while the entry is written (after the free-space check passed): the
+    engine loads anyway, with a warning, and leaves no partial entry or temp file."""
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ids = token_ids(12, seed=8)
+    monkeypatch.setattr("sparsellm.engine.weight_cache.os.fsync", full)
+    out = _logits(Engine(bf16_model, sequence_length=32, weights="int8", weights_cache=tmp_path),
+                  ids)
+    assert not list(tmp_path.iterdir())
+    assert "ran out of space" in caplog.text
+    np.testing.assert_array_equal(
+        out, _logits(Engine(bf16_model, sequence_length=32, weights="int8",
+                            weights_cache=False), ids))
+
+
 def test_in_memory_weights_are_never_cached(bf16_model, tmp_path):
     ck = load_checkpoint(bf16_model)
     edited = ck.with_tensors({n: t * 0.5 if t.ndim == 2 else t for n, t in ck.tensors.items()})

@@ -107,6 +107,24 @@ def test_registry_name_assembles_the_packaged_file_once(weights_cache_dir, capsy
     assert MODELS["gemma-3-270m"].installed
 
 
+def test_assembling_on_a_full_disk_is_a_clear_error(tmp_path, monkeypatch):
+    """Joining the parts checks the free space first: a clear error naming the folder and the
+    way out, no partial file."""
+    import shutil
+    from collections import namedtuple
+
+    from sparsellm.models.registry import resolve_registered
+
+    monkeypatch.setenv("SPARSELLM_CACHE_DIR", str(tmp_path))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 10**12 - 10**6, 10**6))
+    with pytest.raises(OSError, match=rf"assembling gemma-3-270m.*\.gguf needs \d+ MB in "
+                       rf"{tmp_path}/models, which has 1 MB free; free some space or set "
+                       r"SPARSELLM_CACHE_DIR"):
+        resolve_registered("gemma-3-270m")
+    assert not list((tmp_path / "models").iterdir())
+
+
 def test_end_of_turn_ends_generation():
     """Gemma's GGUF names <eos> as its EOS; a chat turn ends with the control token
     <end_of_turn>, which ends generation too (as in llama.cpp)."""

@@ -25,6 +25,7 @@ padding to a 4096-byte boundary, then every buffer at a 64-byte aligned offset.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -126,9 +127,13 @@ class WeightCache:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # filled meanwhile
+                logger.warning("not caching converted weights: %s ran out of space",
+                               self.path.parent)
+                return False
             raise
         return True
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib
 import importlib.util
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import atomic_write
-from ..cache_dir import default_cache_dir
+from ..cache_dir import CACHE_DIR_ENV, default_cache_dir
 
 
 def _packaged_file(package: str, filename: str) -> Callable[[], Path | None]:
@@ -49,6 +51,12 @@ def _join_parts(parts: list[Path], path: Path, sha256: str) -> None:
     if missing:
         raise FileNotFoundError(f"parts of {path.name} are missing: {', '.join(missing)} "
                                 "(reinstall the model's package without --no-deps)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    need, free = sum(p.stat().st_size for p in parts), shutil.disk_usage(path.parent).free
+    if need > free:
+        raise OSError(errno.ENOSPC, f"assembling {path.name} needs {need / 1e6:.0f} MB in "
+                      f"{path.parent}, which has {free / 1e6:.0f} MB free; free some space or "
+                      f"set {CACHE_DIR_ENV} to a folder on another disk")
     digest = hashlib.sha256()
     with atomic_write(path, "wb") as out:
         for part in parts:
