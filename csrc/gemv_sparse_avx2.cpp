@@ -6,9 +6,9 @@
 // kernels (W8A8, W4A8) and W4A16 expand 16 columns at a time straight to int16
 // (simd_avx2.h expand32_i16; int4 rows are unpacked to bytes first, unpack_sp_i4_row); the
 // fp32 and W8A16 ones 8 columns to fp32. The expansion costs the same instructions whatever
-// the density, so at T = 1 these kernels are compute-bound on AVX2: ~38 instructions per 32
-// columns, which Zen 3 retires at ~5.6 per cycle (~13 G weights/s per core from L2, where the
-// dense int8 GEMV does ~23). Variants measured no faster there: BMI2 rotates and bzhi for the
+// the density, so at T = 1 these kernels are compute-bound on AVX2: ~45 instructions per 32
+// columns (bitmask W8A8), at 5-6 per cycle on Zen 3: ~13 G weights/s per core from L2, where
+// the dense int8 GEMV does ~23. Variants measured no faster there: BMI2 rotates and bzhi for the
 // table offsets and popcounts (38 instructions instead of 45), madd of the values left in the
 // high byte (no shift) with the sums shifted once per 2048 columns, a 128-bit broadcast of the
 // values with the second lane's control offset by a table add, and software prefetch from
