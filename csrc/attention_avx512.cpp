@@ -100,11 +100,6 @@ inline void rows_in_tiles(int64_t m, F&& f) {
 
 }  // namespace
 
-int64_t attend_block_floats(int64_t G, int64_t keys, int64_t hd) {
-  const int64_t nk = (keys + 31) & ~int64_t(31), m = kAttendBlockQueries * G;
-  return hd * nk + nk * hd + m * nk + 2 * m;
-}
-
 template <typename KV>
 void attend_block(const float* q, int64_t ldq, int64_t nq, int64_t G, const KV* K, const KV* V,
                   int64_t n0, int64_t hd, float scale, float* buf, float* out, int64_t ldo) {

@@ -295,17 +295,20 @@ static void attention_tokens(const float* q, int64_t ldq, const KV* kc, const KV
     }
 }
 
-// Prompt chunks on AVX-512 (AttnShape::prompt, avx512::attend_block): each run of consecutive
+// Prompt chunks on AVX2 and AVX-512 (AttnShape::prompt, attend_block): each run of consecutive
 // tokens of a sequence in blocks of kAttendBlockQueries, a task per block and KV head, handed
 // out from a shared counter, the blocks with the most keys first. A token's result depends on
-// its own keys only, not on its block (attention_avx512.cpp). Other steps, sliding windows and
-// head shapes the blocked kernel does not take: attention_tokens.
+// its own keys only, not on its block (attention_avx2.cpp, attention_avx512.cpp). Other steps,
+// sliding windows and head shapes the blocked kernels do not take: attention_tokens.
 template <typename KV>
 static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc,
                          const int64_t* slots, const int64_t* pos, const AttnShape& s, float* out,
                          int64_t ldo, AlignedVector<float>& scratch) {
-  const int64_t G = s.H / s.KV, Q = avx512::kAttendBlockQueries;
-  if (!s.prompt || !use_avx512() || s.window > 0 || s.hd % 16 || G > avx512::kAttendMaxGroup)
+  const int64_t G = s.H / s.KV, Q = kAttendBlockQueries;
+  const auto block = use_avx512() && s.hd % 16 == 0 ? avx512::attend_block<KV>
+                     : use_avx2() && s.hd % 8 == 0   ? avx2::attend_block<KV>
+                                                     : nullptr;
+  if (!s.prompt || !block || s.window > 0 || G > kAttendMaxGroup)
     return attention_tokens(q, ldq, kc, vc, slots, pos, s, out, ldo, scratch);
   std::vector<int64_t> starts, ends;  // blocks [starts[i], ends[i])
   int64_t longest = 0;
@@ -319,7 +322,7 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
     longest = std::max(longest, pos[b - 1] + 1);
   }
   const int64_t nb = int64_t(starts.size()), tasks = nb * s.KV;
-  const int64_t per_thread = (avx512::attend_block_floats(G, longest, s.hd) + 15) & ~int64_t(15);
+  const int64_t per_thread = (attend_block_floats(G, longest, s.hd) + 15) & ~int64_t(15);
   std::vector<int64_t> order(static_cast<size_t>(nb));  // the blocks with the most keys first
   for (int64_t i = 0; i < nb; ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
@@ -332,8 +335,8 @@ static void attention_kv(const float* q, int64_t ldq, const KV* kc, const KV* vc
     for (int64_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
       const int64_t i = order[task / s.KV], h = task % s.KV;
       const int64_t t0 = starts[i], kv = (slots[t0] * s.KV + h) * s.cap * kv_row<KV>(s.hd);
-      avx512::attend_block(q + t0 * ldq + h * G * s.hd, ldq, ends[i] - t0, G, kc + kv, vc + kv,
-                           pos[t0] + 1, s.hd, s.scale, buf, out + t0 * ldo + h * G * s.hd, ldo);
+      block(q + t0 * ldq + h * G * s.hd, ldq, ends[i] - t0, G, kc + kv, vc + kv, pos[t0] + 1,
+            s.hd, s.scale, buf, out + t0 * ldo + h * G * s.hd, ldo);
     }
   });
 }

@@ -125,14 +125,23 @@ void swiglu(const float* g, const float* u, float* out, int64_t n);
 void softmax_inplace(float* x, int64_t n);
 MaxSum exp_inplace(float* x, int64_t n);
 }  // namespace avx2
-namespace avx512 {
-// Prompt attention (attention_avx512.cpp): nq <= kAttendBlockQueries consecutive tokens of one
-// sequence, q / out rows ldq / ldo apart, each with G <= kAttendMaxGroup query heads (hd a
-// multiple of 16) sharing the KV head whose keys and values start at K / V; token t of the
-// block sees keys [0, n0 + t). buf: attend_block_floats(G, n0 + nq - 1, hd) floats, 64-byte
-// aligned.
+
+// Prompt attention (attention_avx2.cpp, attention_avx512.cpp): nq <= kAttendBlockQueries
+// consecutive tokens of one sequence, q / out rows ldq / ldo apart, each with G <=
+// kAttendMaxGroup query heads (hd a multiple of 8 for AVX2, of 16 for AVX-512) sharing the KV
+// head whose keys and values start at K / V; token t of the block sees keys [0, n0 + t). buf:
+// attend_block_floats(G, n0 + nq - 1, hd) floats, 64-byte aligned.
 constexpr int64_t kAttendBlockQueries = 16, kAttendMaxGroup = 16;
-int64_t attend_block_floats(int64_t G, int64_t keys, int64_t hd);
+inline int64_t attend_block_floats(int64_t G, int64_t keys, int64_t hd) {
+  const int64_t nk = (keys + 31) & ~int64_t(31), m = kAttendBlockQueries * G;
+  return hd * nk + nk * hd + m * nk + 2 * m;  // Kt, the values as floats, S, 1 / row sums
+}
+namespace avx2 {
+template <typename KV>
+void attend_block(const float* q, int64_t ldq, int64_t nq, int64_t G, const KV* K, const KV* V,
+                  int64_t n0, int64_t hd, float scale, float* buf, float* out, int64_t ldo);
+}  // namespace avx2
+namespace avx512 {
 template <typename KV>
 void attend_block(const float* q, int64_t ldq, int64_t nq, int64_t G, const KV* K, const KV* V,
                   int64_t n0, int64_t hd, float scale, float* buf, float* out, int64_t ldo);
