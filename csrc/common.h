@@ -209,13 +209,15 @@ void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t
                 int64_t k, float* Y, int64_t ldy);
 void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 // The integer GEMM of prefill (gemm_int_avx2.cpp) for the int8-activation formats (W8A8, W4A8)
-// and, in a prompt, weight-only dense int4: y[t * ldy + r] for rows [r0, r1), r0 a multiple of
-// 16, from GemmActs::xw (int16 kernel) or xq and gsum (int4).
+// and, in a prompt, weight-only int4 (dense, bitmask): y[t * ldy + r] for rows [r0, r1), r0 a
+// multiple of 16, from GemmActs::xw (int16 kernel) or xq and gsum (int4).
 void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 // Its activations: quantize_row's codes per token (W8A8, W4A8) or weight-only int4's per group
 // (quantize_groups), widened to int16 for the int16 kernel (widen_codes; n a multiple of 16).
 void widen_codes(const int8_t* q, int64_t n, int16_t* xw);
 void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float* xs);
+void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out);
+void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
 }  // namespace avx2
 
 namespace avx512 {
@@ -318,7 +320,8 @@ struct FmtTraits {
   GemvSet fp32_acts;     // GEMVs on fp32 activations
   GemvSet int8_acts;     // GEMVs on per-token int8 activations (W8A8 / W4A8)
   DecodeRowsFn decode_rows;
-  DecodeRowsFn decode_rows_avx512 = nullptr;  // the same values, faster, where there is one
+  DecodeRowsFn decode_rows_avx2 = nullptr;    // the same values, faster, where there is one
+  DecodeRowsFn decode_rows_avx512 = nullptr;
   constexpr const GemvSet& gemvs(bool act_int8) const { return act_int8 ? int8_acts : fp32_acts; }
 };
 
@@ -326,7 +329,7 @@ struct FmtTraits {
 inline constexpr FmtTraits kFmtTraits[] = {
   // fmt, name, value bits, float, sparsity, grouped, asym
   //   fp32 activations {scalar, avx2, avx512, max tokens}, int8 activations {...}, decode_rows
-  //   (and its AVX-512 twin, if any)
+  //   (and its AVX2 and AVX-512 twins, if any)
   {Fmt::F32, "F32", 32, true, Sparsity::Dense, false, false,
    {{scalar::gemv_f32}, {avx2::gemv_f32}, {}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_f32},
@@ -347,13 +350,13 @@ inline constexpr FmtTraits kFmtTraits[] = {
    scalar::decode_rows_i4},
   {Fmt::SP_F32, "SP_F32", 32, true, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_f32}, {avx2::gemv_sp_f32}, {avx512::gemv_sp_f32}, kGemvMaxTokensF32}, {},
-   scalar::decode_rows_sp_f32, avx512::decode_rows_sp_f32},
+   scalar::decode_rows_sp_f32, avx2::decode_rows_sp_f32, avx512::decode_rows_sp_f32},
   {Fmt::SP_I8, "SP_I8", 8, false, Sparsity::Bitmask, false, false,
    {{scalar::gemv_sp_i8}, {avx2::gemv_sp_i8}, {avx512::gemv_sp_i8}, kGemvMaxTokensF32},
    {{scalar::gemv_sp_i8a8}, {avx2::gemv_sp_i8a8, !kGroupSums, kInt16Codes},
     {avx512::gemv_sp_i8a8}, kGemvAlways,
     kGemvMaxTokensSparseW8A8Madd, kGemvMaxTokensSparseW8A8Vnni},
-   scalar::decode_rows_sp_i8, avx512::decode_rows_sp_i8},
+   scalar::decode_rows_sp_i8, avx2::decode_rows_sp_i8, avx512::decode_rows_sp_i8},
   {Fmt::SP_I4, "SP_I4", 4, false, Sparsity::Bitmask, true, false,
    {{scalar::gemv_sp_i4}, {avx2::gemv_sp_i4}, {avx512::gemv_sp_i4}, kGemvMaxTokensF32},
    {{scalar::gemv_sp_i4a8}, {avx2::gemv_sp_i4a8, !kGroupSums, kInt16Codes},
@@ -389,10 +392,13 @@ inline int64_t scale_groups(const Weight& w) {
 }
 
 // Dequantize rows [r0, r1) of any format into out (r1-r0, kp) fp32 (the same values on every
-// ISA: an AVX-512 decoder is only faster).
+// ISA: a SIMD decoder is only faster).
 inline void decode_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
   const FmtTraits& t = fmt_traits(w.fmt);
-  (use_avx512() && t.decode_rows_avx512 ? t.decode_rows_avx512 : t.decode_rows)(w, r0, r1, out);
+  const DecodeRowsFn fn = use_avx512() && t.decode_rows_avx512 ? t.decode_rows_avx512
+                          : use_avx2() && t.decode_rows_avx2   ? t.decode_rows_avx2
+                                                               : t.decode_rows;
+  fn(w, r0, r1, out);
 }
 
 // Dynamic symmetric int8 of one row (W8A8 activations, int8 KV-cache rows) on the active ISA;
