@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "ops.h"
+#include "tiles.h"
 #include "simd_avx2.h"
 
 namespace sl::avx2 {
@@ -81,14 +82,6 @@ inline void value_tile(const float* S, int64_t lds, const float* V, int64_t ldv,
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v)
       _mm256_storeu_ps(orows[r] + c + 8 * v, _mm256_mul_ps(acc[v][r], _mm256_set1_ps(inv[r])));
-}
-
-template <int MaxR, class F>
-inline void rows_in_tiles(int64_t m, F&& f) {
-  int64_t i = 0;
-  for (; i + MaxR <= m; i += MaxR) f(std::integral_constant<int, MaxR>{}, i);
-  if constexpr (MaxR > 1)
-    if (i < m) rows_in_tiles<MaxR - 1>(m - i, [&](auto r, int64_t k) { f(r, i + k); });
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "ops.h"
+#include "tiles.h"
 #include "simd_avx512.h"
 
 namespace sl::avx512 {
@@ -88,14 +89,6 @@ inline void value_tile(const float* S, int64_t lds, const VT* V, int64_t ldv, in
     SL_UNROLL for (int v = 0; v < 4; ++v)
       if (c + 16 * v < hd)
         _mm512_storeu_ps(orows[r] + c + 16 * v, _mm512_mul_ps(acc[r][v], _mm512_set1_ps(inv[r])));
-}
-
-template <int MaxR, class F>
-inline void rows_in_tiles(int64_t m, F&& f) {
-  int64_t i = 0;
-  for (; i + MaxR <= m; i += MaxR) f(std::integral_constant<int, MaxR>{}, i);
-  if constexpr (MaxR > 1)
-    if (i < m) rows_in_tiles<MaxR - 1>(m - i, [&](auto r, int64_t k) { f(r, i + k); });
 }
 
 }  // namespace

@@ -81,7 +81,6 @@ struct SpI8Rows {  // Fmt::SP_I8: 32 columns = 4 mask bytes, expanded by table s
 // Fmt::SP_I4: each row's nibbles unpacked to bytes 16 q (unpack_sp_i4_row, into buf: kRows
 // rows of sp_i4_row_bytes), expanded as SP_I8's, then made I4Kernel's unsigned u = q + 8: the
 // high nibble moved down and its sign bit flipped (a dropped column's 0 becomes 8, zero too).
-inline int64_t sp_i4_row_bytes(const Weight& w) { return words_end(w) + 64; }
 struct SpI4Rows : SpI8Rows {
   int8_t* buf;
   void begin(int i, int64_t r) {
@@ -132,25 +131,6 @@ struct S24Rows {
     return _mm256_shuffle_epi8(x, ctrl);
   }
 };
-
-// 8 x 8 transpose of 32-bit lanes: v[j] lane i <- v[i] lane j.
-inline void transpose8(__m256i* v) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
-    t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
-    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
-    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
-    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    v[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
-    v[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
-  }
-}
 
 // 32 bytes = 8 rows x 4 columns (row-major) -> the block's codes for them: as they are (int8),
 // or as two int16 vectors.

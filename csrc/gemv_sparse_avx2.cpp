@@ -142,7 +142,7 @@ class SpI4RowPipe {
  public:
   explicit SpI4RowPipe(const Weight& w) : w_(w) {
     thread_local AlignedVector<int8_t> buf;
-    stride_ = words_end(w) + 64;
+    stride_ = sp_i4_row_bytes(w);
     if (buf.size() < size_t(2 * stride_)) buf.resize(size_t(2 * stride_));
     buf_ = buf.data();
   }

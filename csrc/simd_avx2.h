@@ -46,6 +46,8 @@ inline void transpose8(__m256* r) {
     r[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
   }
 }
+// The same lane moves on 32-bit integers.
+inline void transpose8(__m256i* r) { transpose8(reinterpret_cast<__m256*>(r)); }
 
 // 32 int16 values (32 int8 ones widened, or 32 columns expanded): lo = 0..15, hi = 16..31.
 struct I16x32 {
@@ -154,7 +156,9 @@ inline I16x32 expand32_i16(const int8_t*& v, uint32_t m) {
 // (expand32_i16<12>, expand16_i8): per word one 32-byte load, two ands, a shift, two unpacks
 // and two permutes, where expanding the nibble stream directly took two more shifts and a
 // GPR-to-vector move per 16 columns (W4A8 at 0.4x bitmask W8A8's weights/s, now 0.6x). out needs
-// words_end(w) + 64 bytes; bytes past the row's values are left undefined (the masks drop them).
+// sp_i4_row_bytes(w) bytes; bytes past the row's values are left undefined (the masks drop
+// them).
+inline int64_t sp_i4_row_bytes(const Weight& w) { return words_end(w) + 64; }
 inline void unpack_sp_i4_row(const Weight& w, int64_t r, int8_t* out) {
   const uint8_t* src = static_cast<const uint8_t*>(w.data) + w.row_off[r];
   const uint8_t* end = static_cast<const uint8_t*>(w.data) + w.row_off[w.rows];

@@ -69,4 +69,14 @@ inline void for_rows_and_tiles(int64_t r0, int64_t r1, int64_t T, Row&& row) {
   }
 }
 
+// Calls f(std::integral_constant<int, R>{}, i0) over rows [0, m) in tiles of MaxR rows, the
+// last one shorter (R is a compile-time constant: the attention kernels' register tiles).
+template <int MaxR, class F>
+inline void rows_in_tiles(int64_t m, F&& f) {
+  int64_t i = 0;
+  for (; i + MaxR <= m; i += MaxR) f(std::integral_constant<int, MaxR>{}, i);
+  if constexpr (MaxR > 1)
+    if (i < m) rows_in_tiles<MaxR - 1>(m - i, [&](auto r, int64_t k) { f(r, i + k); });
+}
+
 }  // namespace sl
