@@ -55,12 +55,12 @@ def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[s
 
 def dense_on_this_cpu(fmt: str) -> bool:
     """Whether a checkpoint's bitmask int4 weights run as their dense twin (the same integers,
-    the pruned ones stored as zeros): on CPUs without AVX-512 (VBMI2's vpexpandb), the AVX2
-    bitmask int4 GEMVs expand every 16 columns of nibbles through table shuffles at ~1/4 of the
-    dense int4 GEMV's speed per column (kernels/bench.py "hot GB/s", Zen 3), which the 20% fewer
-    bytes do not repay: the 50%-sparse TinyLlama-1.1B shape, 2 threads, decodes W4A8 at 8-10
-    tok/s bitmask, 23-26 dense, W4A16 g128 at 8 and 17-23 (128-token prefill: 51-65 vs 56-58
-    and 42 vs 56-58 tok/s). The dense twin holds 25% more weight bytes."""
+    the pruned ones stored as zeros): on CPUs without AVX-512 (VBMI2's vpexpandb) the AVX2
+    bitmask int4 GEMVs unpack each row's nibbles to bytes and expand them through table
+    shuffles, at a third of the dense int4 GEMV's speed per token, which the 20% fewer bytes do
+    not repay (kernels/bench.py at SmolLM2 shapes, 2 threads, Zen 3: 19-26 ms/token W4A16 g32
+    bitmask, 8.7-8.8 dense; W4A8 18-19 and 6.9-8.6). Their prompts run level with dense int4
+    (the same byte GEMM). The dense twin holds 25% more weight bytes."""
     return parse_format(fmt).kind == "sparse_int4" and get_isa() != "avx512"
 
 
