@@ -386,6 +386,9 @@ static_assert(fmt_traits_in_enum_order(), "kFmtTraits: one row per Fmt, in the e
 
 inline const FmtTraits& fmt_traits(Fmt f) { return kFmtTraits[int(f)]; }
 
+// Int4 values, dense or bitmask (the formats the AVX2 int4 byte GEMM multiplies).
+inline bool is_int4(Fmt f) { return fmt_traits(f).value_bits == 4; }
+
 // A weight's scales per row: one per int4 group, else one (w.scale is (rows, scale_groups)).
 inline int64_t scale_groups(const Weight& w) {
   return fmt_traits(w.fmt).grouped ? w.kp / w.group : 1;

@@ -299,7 +299,7 @@ struct Expanded {
 // unsigned codes q + 8 (SpI4Rows) have the zero point 8, as symmetric dense int4's do.
 void expand_scales(const Weight& w, int64_t r, int64_t n, Expanded& ex) {
   const int64_t groups = scale_groups(w);
-  const bool int4 = w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4;
+  const bool int4 = is_int4(w.fmt);
   for (int64_t i = 0; i < kRows; ++i)
     for (int64_t g = 0; g < groups; ++g) {
       ex.scale[g * kRows + i] = i < n ? w.scale[(r + i) * groups + g] : 0.f;
@@ -347,7 +347,7 @@ void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t
     if (v.size() < size) v.resize(size);
   };
   grow(ex.scale, scales);
-  if (w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4) {
+  if (is_int4(w.fmt)) {
     grow(ex.nibbles, codes);
     grow(ex.zero, scales);
     if (w.fmt == Fmt::I4) return gemm_i4(w, a, y, ldy, r0, r1, I4Rows{w, {}}, ex);

@@ -32,7 +32,7 @@ int64_t int_gemm_act_group(const Weight& w) {
   if (w.act_int8) return 0;
   if (use_avx512()) return fmt_traits(w.fmt).grouped ? w.group : 32;
   // gemm_int_avx2.cpp: int4 (dense, bitmask) multiplies bytes; the others keep fp32 panels
-  return w.fmt == Fmt::I4 || w.fmt == Fmt::SP_I4 ? w.group : -1;
+  return is_int4(w.fmt) ? w.group : -1;
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
 
@@ -135,7 +135,7 @@ static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, in
   const bool vnni = use_avx512();
   bool int4 = false, int16 = false;  // AVX2: which kernels read them (gemm_int_avx2.cpp)
   for (int i = 0; i < n; ++i)
-    (ws[i]->fmt == Fmt::I4 || ws[i]->fmt == Fmt::SP_I4 ? int4 : int16) = true;
+    (is_int4(ws[i]->fmt) ? int4 : int16) = true;
   s.reserve(T, kp);
   parallel_for(T, T * kp >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
