@@ -23,7 +23,9 @@ Weights: random_checkpoint.py writes the HF folder (bf16) and its 50%-pruned twi
 --scratch (a folder already there is used as it is), then GGUF files of the same values: BF16,
 and Q8_0 / Q4_0 by the gguf package's twin of llama.cpp's reference quantizer. OpenVINO models
 are exported from the same folder by optimum-intel; DeepSparse's from the pair's own folder by
-deepsparse_export.py (SparseML 1.8's export with a KV cache, in DeepSparse's venv).
+deepsparse_export.py (SparseML 1.8's export with a KV cache, in DeepSparse's venv). Our
+formats are converted once too, untimed, into the weights cache, so that every round loads a
+converted model as the peers do.
 
 Setup, once, outside CI (peers are never sparsellm dependencies):
     pip install llama-cpp-python gguf                  # compiles llama.cpp, ~15 min on 2 cores
@@ -206,6 +208,7 @@ def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_py
     for pair in pairs:
         variant, llama_type, ov_format = PAIRS[pair]
         runs["sparsellm", pair] = (folders[variant], pair)
+        convert(folders[variant], pair)
         if "llamacpp" in peers and llama_type:
             runs["llamacpp", pair] = (llama_gguf(folders["dense"], llama_type), llama_type)
         for peer in ("openvino", "openvino-f32"):
@@ -216,6 +219,16 @@ def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_py
             runs["deepsparse", pair] = (deepsparse_model(folders[variant], ds_python),
                                         f"fp32 {variant}")
     return runs
+
+
+def convert(folder: Path, weights: str) -> None:
+    """Load our model once, untimed, so its converted weights are in the weights cache, as the
+    peers' GGUF and OpenVINO files are written once here: every round then loads a converted
+    model, and peak RSS is a loaded model's, not a conversion's."""
+    print(f"converting {folder.name} to {weights} (weights cache)", file=sys.stderr)
+    subprocess.run([sys.executable, "-c", "import sys; from sparsellm.engine import Engine; "
+                    "Engine(sys.argv[1], weights=sys.argv[2], sequence_length=64)", str(folder),
+                    weights], check=True)
 
 
 def llama_gguf(folder: Path, llama_type: str) -> Path:
