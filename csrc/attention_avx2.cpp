@@ -1,4 +1,5 @@
-// Prompt attention with AVX2, the AVX-512 kernel's form (attention_avx512.cpp): a block of up to
+// Prompt attention with AVX2, the AVX-512 kernel's form (attention_avx512.cpp; both are this
+// file's register tiles for the driver in attention_block.h): a block of up to
 // kAttendBlockQueries consecutive tokens of one sequence, with the G query heads that share a KV
 // head, against that head's keys as two small GEMMs, where the per-token kernel (ops_avx2.cpp
 // attend) loads every key and value once per token and sums each score horizontally:
@@ -16,11 +17,9 @@
 // memory (gemm_avx2.cpp).
 #include <immintrin.h>
 
-#include <algorithm>
 #include <type_traits>
 
-#include "ops.h"
-#include "tiles.h"
+#include "attention_block.h"
 #include "simd_avx2.h"
 
 namespace sl::avx2 {
@@ -38,28 +37,6 @@ inline __m256 load8(const KV* row, int64_t d, int64_t hd) {
     const __m256 v = _mm256_cvtepi32_ps(
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d))));
     return _mm256_mul_ps(v, _mm256_set1_ps(kv_scale(row, hd)));
-  }
-}
-
-// S rows [0, R) x keys [j, j + 16): acc[r] += q_r[d] * Kt[d][j..], for d < hd (>= 8).
-template <int R>
-inline void score_tile(const float* const* qrows, const float* Kt, int64_t nk, int64_t hd,
-                       int64_t j, float scale, float* S, int64_t lds) {
-  __m256 a0[R], a1[R];
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
-  int64_t d = 0;
-  do {
-    const __m256 k0 = _mm256_load_ps(Kt + d * nk + j), k1 = _mm256_load_ps(Kt + d * nk + j + 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 q = _mm256_broadcast_ss(qrows[r] + d);
-      a0[r] = _mm256_fmadd_ps(q, k0, a0[r]);
-      a1[r] = _mm256_fmadd_ps(q, k1, a1[r]);
-    }
-  } while (++d < hd);
-  const __m256 sv = _mm256_set1_ps(scale);
-  for (int r = 0; r < R; ++r) {
-    _mm256_store_ps(S + r * lds + j, _mm256_mul_ps(a0[r], sv));
-    _mm256_store_ps(S + r * lds + j + 8, _mm256_mul_ps(a1[r], sv));
   }
 }
 
@@ -84,62 +61,59 @@ inline void value_tile(const float* S, int64_t lds, const float* V, int64_t ldv,
       _mm256_storeu_ps(orows[r] + c + 8 * v, _mm256_mul_ps(acc[v][r], _mm256_set1_ps(inv[r])));
 }
 
+// The registers of the shared driver (attention_block.h).
+struct Tiles {
+  static constexpr int kBlock = 8, kScoreRows = 6, kScoreKeys = 16, kValueRows = 6;
+  template <typename KV>
+  static void transpose_keys(const KV* K, int64_t ld, int64_t n, int64_t hd, int64_t j,
+                             int64_t d, float* Kt, int64_t nk) {
+    __m256 r[8];
+    for (int i = 0; i < 8; ++i)
+      r[i] = j + i < n ? load8(K + (j + i) * ld, d, hd) : _mm256_setzero_ps();
+    transpose8(r);
+    for (int i = 0; i < 8; ++i) _mm256_store_ps(Kt + (d + i) * nk + j, r[i]);
+  }
+  template <typename KV>
+  static void widen(const KV* row, int64_t d, int64_t hd, float* out) {
+    _mm256_storeu_ps(out, load8(row, d, hd));
+  }
+  // S rows [0, R) x keys [j, j + 16): acc[r] += q_r[d] * Kt[d][j..], for d < hd (>= 8).
+  template <int R>
+  static void score_tile(const float* const* qrows, const float* Kt, int64_t nk, int64_t hd,
+                         int64_t j, float scale, float* S, int64_t lds) {
+    __m256 a0[R], a1[R];
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    int64_t d = 0;
+    do {
+      const __m256 k0 = _mm256_load_ps(Kt + d * nk + j), k1 = _mm256_load_ps(Kt + d * nk + j + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 q = _mm256_broadcast_ss(qrows[r] + d);
+        a0[r] = _mm256_fmadd_ps(q, k0, a0[r]);
+        a1[r] = _mm256_fmadd_ps(q, k1, a1[r]);
+      }
+    } while (++d < hd);
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (int r = 0; r < R; ++r) {
+      _mm256_store_ps(S + r * lds + j, _mm256_mul_ps(a0[r], sv));
+      _mm256_store_ps(S + r * lds + j + 8, _mm256_mul_ps(a1[r], sv));
+    }
+  }
+  // Columns in steps of 16 (hd % 16: 8 last).
+  template <int R>
+  static void value_rows(const float* S, int64_t lds, const float* V, int64_t ldv, int64_t keys,
+                         int64_t hd, const float* inv, float* const* orows) {
+    int64_t c = 0;
+    for (; c + 16 <= hd; c += 16) value_tile<R, 2>(S, lds, V, ldv, keys, c, inv, orows);
+    if (c < hd) value_tile<R, 1>(S, lds, V, ldv, keys, c, inv, orows);
+  }
+};
+
 }  // namespace
 
 template <typename KV>
 void attend_block(const float* q, int64_t ldq, int64_t nq, int64_t G, const KV* K, const KV* V,
                   int64_t n0, int64_t hd, float scale, float* buf, float* out, int64_t ldo) {
-  const int64_t n = n0 + nq - 1, nk = (n + 31) & ~int64_t(31), m = nq * G, ld = kv_row<KV>(hd);
-  float* Kt = buf;            // (hd, nk): the keys transposed, zero past n
-  float* Vf = Kt + hd * nk;   // (nk, hd) the values as floats (non-float caches)
-  float* S = Vf + nk * hd;    // (m, nk) scores, then weights
-  float* inv = S + m * nk;    // (m) 1 / the row's sum
-  for (int64_t j = 0; j < nk; j += 8)
-    for (int64_t d = 0; d < hd; d += 8) {
-      __m256 r[8];
-      for (int i = 0; i < 8; ++i)
-        r[i] = j + i < n ? load8(K + (j + i) * ld, d, hd) : _mm256_setzero_ps();
-      transpose8(r);
-      for (int i = 0; i < 8; ++i) _mm256_store_ps(Kt + (d + i) * nk + j, r[i]);
-    }
-  // Row i = token i / G, head i % G.
-  const float* qrows[kAttendBlockQueries * kAttendMaxGroup];
-  float* orows[kAttendBlockQueries * kAttendMaxGroup];
-  for (int64_t i = 0; i < m; ++i) {
-    qrows[i] = q + (i / G) * ldq + (i % G) * hd;
-    orows[i] = out + (i / G) * ldo + (i % G) * hd;
-  }
-  rows_in_tiles<6>(m, [&](auto rr, int64_t i0) {
-    constexpr int R = decltype(rr)::value;
-    const int64_t keys = n0 + (i0 + R - 1) / G;  // the tile's last row sees the most
-    for (int64_t j = 0; j < keys; j += 16)
-      score_tile<R>(qrows + i0, Kt, nk, hd, j, scale, S + i0 * nk, nk);
-  });
-  for (int64_t i = 0; i < m; ++i) {
-    const int64_t L = n0 + i / G;
-    float* row = S + i * nk;
-    inv[i] = 1.f / exp_inplace(row, L).sum;
-    std::fill(row + L, row + nk, 0.f);
-  }
-  const float* Vsrc;
-  int64_t ldv;
-  if constexpr (std::is_same_v<KV, float>) {
-    Vsrc = V;
-    ldv = ld;
-  } else {
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(Vf + j * hd + d, load8(V + j * ld, d, hd));
-    Vsrc = Vf;
-    ldv = hd;
-  }
-  rows_in_tiles<6>(m, [&](auto rr, int64_t i0) {  // columns in steps of 16 (hd % 16: 8 last)
-    constexpr int R = decltype(rr)::value;
-    const int64_t keys = n0 + (i0 + R - 1) / G;
-    int64_t c = 0;
-    for (; c + 16 <= hd; c += 16)
-      value_tile<R, 2>(S + i0 * nk, nk, Vsrc, ldv, keys, c, inv + i0, orows + i0);
-    if (c < hd) value_tile<R, 1>(S + i0 * nk, nk, Vsrc, ldv, keys, c, inv + i0, orows + i0);
-  });
+  attend_block_with<Tiles>(q, ldq, nq, G, K, V, n0, hd, scale, buf, out, ldo);
 }
 
 template void attend_block<float>(const float*, int64_t, int64_t, int64_t, const float*,

@@ -1,6 +1,6 @@
-// Prompt attention with AVX-512: a block of up to kAttendBlockQueries consecutive tokens of one
-// sequence, with the G query heads that share a KV head, against that head's keys as two small
-// GEMMs.
+// Prompt attention with AVX-512 (this file's register tiles for the driver in
+// attention_block.h): a block of up to kAttendBlockQueries consecutive tokens of one sequence,
+// with the G query heads that share a KV head, against that head's keys as two small GEMMs.
 // The per-token kernel (ops_avx2.cpp attend) loads every key and value once per token; here
 // a block's m = tokens x G query rows share them:
 //   S = scale * Q K^T: the keys are first transposed (16 x 16 register blocks, converted from
@@ -19,13 +19,11 @@
 // 461 -> 497 tok/s, bf16 137 -> 139; SmolLM2-135M int8_a8 2444 -> 2824, bf16 989 -> 1081.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
-#include "ops.h"
-#include "tiles.h"
+#include "attention_block.h"
 #include "simd_avx512.h"
 
 namespace sl::avx512 {
@@ -43,27 +41,6 @@ inline __m512 load16(const KV* row, int64_t d, int64_t hd) {
     const __m512 v = _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))));
     return _mm512_mul_ps(v, _mm512_set1_ps(kv_scale(row, hd)));
-  }
-}
-
-// S rows [i0, i0 + R) x keys [j, j + 32): acc[r][c] += q_r[d] * Kt[d][j + 16c].
-template <int R>
-inline void score_tile(const float* const* qrows, const float* Kt, int64_t nk, int64_t hd,
-                       int64_t j, float scale, float* S, int64_t lds) {
-  __m512 acc[R][2];
-  SL_UNROLL for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < hd; ++d) {
-    const __m512 k0 = _mm512_load_ps(Kt + d * nk + j), k1 = _mm512_load_ps(Kt + d * nk + j + 16);
-    SL_UNROLL for (int r = 0; r < R; ++r) {
-      const __m512 q = _mm512_set1_ps(qrows[r][d]);
-      acc[r][0] = _mm512_fmadd_ps(q, k0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(q, k1, acc[r][1]);
-    }
-  }
-  const __m512 sv = _mm512_set1_ps(scale);
-  SL_UNROLL for (int r = 0; r < R; ++r) {
-    _mm512_store_ps(S + r * lds + j, _mm512_mul_ps(acc[r][0], sv));
-    _mm512_store_ps(S + r * lds + j + 16, _mm512_mul_ps(acc[r][1], sv));
   }
 }
 
@@ -91,61 +68,55 @@ inline void value_tile(const float* S, int64_t lds, const VT* V, int64_t ldv, in
         _mm512_storeu_ps(orows[r] + c + 16 * v, _mm512_mul_ps(acc[r][v], _mm512_set1_ps(inv[r])));
 }
 
+// The registers of the shared driver (attention_block.h).
+struct Tiles {
+  static constexpr int kBlock = 16, kScoreRows = 12, kScoreKeys = 32, kValueRows = 6;
+  template <typename KV>
+  static void transpose_keys(const KV* K, int64_t ld, int64_t n, int64_t hd, int64_t j,
+                             int64_t d, float* Kt, int64_t nk) {  // rows past n zero
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = j + i < n ? load16(K + (j + i) * ld, d, hd) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(Kt + (d + i) * nk + j, r[i]);
+  }
+  template <typename KV>
+  static void widen(const KV* row, int64_t d, int64_t hd, float* out) {
+    _mm512_storeu_ps(out, load16(row, d, hd));
+  }
+  // S rows [i0, i0 + R) x keys [j, j + 32): acc[r][c] += q_r[d] * Kt[d][j + 16c].
+  template <int R>
+  static void score_tile(const float* const* qrows, const float* Kt, int64_t nk, int64_t hd,
+                         int64_t j, float scale, float* S, int64_t lds) {
+    __m512 acc[R][2];
+    SL_UNROLL for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; ++d) {
+      const __m512 k0 = _mm512_load_ps(Kt + d * nk + j), k1 = _mm512_load_ps(Kt + d * nk + j + 16);
+      SL_UNROLL for (int r = 0; r < R; ++r) {
+        const __m512 q = _mm512_set1_ps(qrows[r][d]);
+        acc[r][0] = _mm512_fmadd_ps(q, k0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(q, k1, acc[r][1]);
+      }
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    SL_UNROLL for (int r = 0; r < R; ++r) {
+      _mm512_store_ps(S + r * lds + j, _mm512_mul_ps(acc[r][0], sv));
+      _mm512_store_ps(S + r * lds + j + 16, _mm512_mul_ps(acc[r][1], sv));
+    }
+  }
+  template <int R>
+  static void value_rows(const float* S, int64_t lds, const float* V, int64_t ldv, int64_t keys,
+                         int64_t hd, const float* inv, float* const* orows) {
+    for (int64_t c = 0; c < hd; c += 64) value_tile<R>(S, lds, V, ldv, keys, c, hd, inv, orows);
+  }
+};
+
 }  // namespace
 
 template <typename KV>
 void attend_block(const float* q, int64_t ldq, int64_t nq, int64_t G, const KV* K, const KV* V,
                   int64_t n0, int64_t hd, float scale, float* buf, float* out, int64_t ldo) {
-  const int64_t n = n0 + nq - 1, nk = (n + 31) & ~int64_t(31), m = nq * G, ld = kv_row<KV>(hd);
-  float* Kt = buf;            // (hd, nk): the keys transposed, zero past n
-  float* Vf = Kt + hd * nk;   // (nk, hd) the values as floats (non-float caches)
-  float* S = Vf + nk * hd;    // (m, nk) scores, then weights
-  float* inv = S + m * nk;    // (m) 1 / the row's sum
-  // Kt, in 16 x 16 blocks: rows past n zero (their scores are never read).
-  for (int64_t j = 0; j < nk; j += 16)
-    for (int64_t d = 0; d < hd; d += 16) {
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = j + i < n ? load16(K + (j + i) * ld, d, hd) : _mm512_setzero_ps();
-      transpose16(r);
-      for (int i = 0; i < 16; ++i) _mm512_store_ps(Kt + (d + i) * nk + j, r[i]);
-    }
-  // Row i = token i / G, head i % G.
-  const float* qrows[kAttendBlockQueries * kAttendMaxGroup];
-  float* orows[kAttendBlockQueries * kAttendMaxGroup];
-  for (int64_t i = 0; i < m; ++i) {
-    qrows[i] = q + (i / G) * ldq + (i % G) * hd;
-    orows[i] = out + (i / G) * ldo + (i % G) * hd;
-  }
-  rows_in_tiles<12>(m, [&](auto rr, int64_t i0) {
-    constexpr int R = decltype(rr)::value;
-    const int64_t keys = n0 + (i0 + R - 1) / G;  // the tile's last row sees the most
-    for (int64_t j = 0; j < keys; j += 32)
-      score_tile<R>(qrows + i0, Kt, nk, hd, j, scale, S + i0 * nk, nk);
-  });
-  for (int64_t i = 0; i < m; ++i) {
-    const int64_t L = n0 + i / G;
-    float* row = S + i * nk;
-    inv[i] = 1.f / avx2::exp_inplace(row, L).sum;
-    std::fill(row + L, row + nk, 0.f);
-  }
-  const float* Vsrc;
-  int64_t ldv;
-  if constexpr (std::is_same_v<KV, float>) {
-    Vsrc = V;
-    ldv = ld;
-  } else {
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(Vf + j * hd + d, load16(V + j * ld, d, hd));
-    Vsrc = Vf;
-    ldv = hd;
-  }
-  rows_in_tiles<6>(m, [&](auto rr, int64_t i0) {
-    constexpr int R = decltype(rr)::value;
-    const int64_t keys = n0 + (i0 + R - 1) / G;
-    for (int64_t c = 0; c < hd; c += 64)
-      value_tile<R>(S + i0 * nk, nk, Vsrc, ldv, keys, c, hd, inv + i0, orows + i0);
-  });
+  attend_block_with<Tiles>(q, ldq, nq, G, K, V, n0, hd, scale, buf, out, ldo);
 }
 
 template void attend_block<float>(const float*, int64_t, int64_t, int64_t, const float*,
