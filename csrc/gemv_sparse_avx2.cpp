@@ -25,9 +25,10 @@
 
 namespace sl::avx2 {
 
-// fp32-activation bitmask rows (SP_F32, SP_I8 W8A16): expand8(v, m) makes 8 dense fp32 weights
-// from the packed values at v for mask byte m. Each expansion feeds every token of the tile;
-// 2 accumulators per token (even / odd mask bytes), 4 tokens per tile.
+// fp32-activation bitmask rows (SP_F32, SP_I8 W8A16): expand8(v, m) (expand8_f32, expand8_i8
+// below) makes 8 dense fp32 weights from the packed values at v for mask byte m. Each expansion
+// feeds every token of the tile; 2 accumulators per token (even / odd mask bytes), 4 tokens per
+// tile.
 template <typename V, typename Expand8, typename RowScale>
 static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy,
                                       int64_t r0, int64_t r1, Expand8 expand8,
@@ -57,57 +58,55 @@ static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, 
   });
 }
 
+// 8 dense columns from the packed values at v for mask byte m, as fp32 (int8: unscaled).
+static inline __m256 expand8_f32(const float* v, uint32_t m) {
+  return _mm256_and_ps(
+      _mm256_permutevar8x32_ps(_mm256_loadu_ps(v),
+                               _mm256_load_si256(reinterpret_cast<const __m256i*>(kT.perm[m]))),
+      _mm256_load_ps(reinterpret_cast<const float*>(kT.keep[m])));
+}
+static inline __m256 expand8_i8(const int8_t* v, uint32_t m) {
+  const __m128i e = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v)),
+                                     shuf_ctrl8(m, 0));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
+}
+static inline float no_scale(int64_t) { return 1.f; }
+
 void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  bitmask_float_rows<float>(w, a, y, ldy, r0, r1, [](const float* v, uint32_t m) {
-    return _mm256_and_ps(
-        _mm256_permutevar8x32_ps(_mm256_loadu_ps(v),
-                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(kT.perm[m]))),
-        _mm256_load_ps(reinterpret_cast<const float*>(kT.keep[m])));
-  }, [](int64_t) { return 1.f; });
+  bitmask_float_rows<float>(w, a, y, ldy, r0, r1, expand8_f32, no_scale);
 }
 
 void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  bitmask_float_rows<int8_t>(w, a, y, ldy, r0, r1, [](const int8_t* v, uint32_t m) {
-    const __m128i e = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v)),
-                                       shuf_ctrl8(m, 0));
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
-  }, [&w](int64_t r) { return w.scale[r]; });
+  bitmask_float_rows<int8_t>(w, a, y, ldy, r0, r1, expand8_i8,
+                             [&w](int64_t r) { return w.scale[r]; });
 }
 
 // Row decoders of the fp32 panels (prompts of bitmask fp32 and weight-only int8): 8 columns per
-// mask byte by the same expansions as the GEMVs, the scalar decoders' values. A panel of 48
-// rows decoded one kept weight at a time cost 5-9% of the GEMM over it at 512 tokens.
-void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out) {
+// mask byte by the GEMVs' expansions, times the row's scale (exact for fp32's 1): the scalar
+// decoders' values. A panel of 48 rows decoded one kept weight at a time cost 5-9% of the GEMM
+// over it at 512 tokens.
+template <typename V, typename Expand8, typename RowScale>
+static void decode_bitmask_rows(const Weight& w, int64_t r0, int64_t r1, float* out,
+                                Expand8 expand8, RowScale row_scale) {
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* mrow = w.mask + r * (w.kp / 8);
-    const float* v = static_cast<const float*>(w.data) + w.row_off[r];
+    const V* v = static_cast<const V*>(w.data) + w.row_off[r];
+    const __m256 s = _mm256_set1_ps(row_scale(r));
     float* o = out + (r - r0) * w.kp;
     for (int64_t c = 0; c < w.kp / 8; ++c) {
       const uint32_t m = mrow[c];
-      const __m256 e = _mm256_and_ps(
-          _mm256_permutevar8x32_ps(_mm256_loadu_ps(v),
-                                   _mm256_load_si256(reinterpret_cast<const __m256i*>(kT.perm[m]))),
-          _mm256_load_ps(reinterpret_cast<const float*>(kT.keep[m])));
-      _mm256_storeu_ps(o + 8 * c, e);
+      _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(expand8(v, m), s));
       v += __builtin_popcount(m);
     }
   }
 }
 
+void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  decode_bitmask_rows<float>(w, r0, r1, out, expand8_f32, no_scale);
+}
+
 void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* mrow = w.mask + r * (w.kp / 8);
-    const int8_t* v = static_cast<const int8_t*>(w.data) + w.row_off[r];
-    const __m256 s = _mm256_set1_ps(w.scale[r]);
-    float* o = out + (r - r0) * w.kp;
-    for (int64_t c = 0; c < w.kp / 8; ++c) {
-      const uint32_t m = mrow[c];
-      const __m128i e = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v)),
-                                         shuf_ctrl8(m, 0));
-      _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e)), s));
-      v += __builtin_popcount(m);
-    }
-  }
+  decode_bitmask_rows<int8_t>(w, r0, r1, out, expand8_i8, [&w](int64_t r) { return w.scale[r]; });
 }
 
 // W8A8 bitmask: 32 columns at a time expanded to int16 (expand32_i16) and multiplied with each
