@@ -7,18 +7,15 @@
 
 namespace sl::avx2 {
 
-// A lambda, not a function: a function pointer would be called once per row.
-constexpr auto one = [](int64_t) { return 1.f; };
-
 void gemv_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   gemv_float_rows<float>(w, a, y, ldy, r0, r1, [](const float* p) { return _mm256_loadu_ps(p); },
-                         one);
+                         unit_scale);
 }
 
 void gemv_f16(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   gemv_float_rows<uint16_t>(w, a, y, ldy, r0, r1, [](const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }, one);
+  }, unit_scale);
 }
 
 void gemv_bf16(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -26,7 +23,7 @@ void gemv_bf16(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
     // bf16 is the top half of an fp32: widen to 32 bits and shift into place.
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-  }, one);
+  }, unit_scale);
 }
 
 }  // namespace sl::avx2
