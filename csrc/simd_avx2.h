@@ -211,11 +211,11 @@ inline __m256i s24_control(uint64_t meta) {
   return _mm256_add_epi8(sel, base);
 }
 
-// Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):
 // The row scale of unscaled weights. A closure object, not a function: a function passed as a
 // template's callable decays to a pointer, and the kernels then call it instead of inlining it.
 constexpr auto unit_scale = [](int64_t) { return 1.f; };
 
+// Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):
 // y[t, r] = row_scale(r) * dot(W[r], x[t]), W stored as V, load8(p) widens 8 of them. A = 2
 // (the default): 16 columns per step, two accumulators per token (enough to stream DRAM at
 // T == 1), and each pair of weight vectors is loaded / widened once for up to 5 tokens (10
