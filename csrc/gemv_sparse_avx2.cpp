@@ -34,6 +34,7 @@ template <typename V, typename Expand8, typename RowScale>
 static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy,
                                       int64_t r0, int64_t r1, Expand8 expand8,
                                       RowScale row_scale) {
+  static_assert(inlined_callables<Expand8, RowScale>, "pass closure objects (common.h)");
   const V* vals = static_cast<const V*>(w.data);
   const int64_t kp = w.kp;
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
@@ -61,8 +62,7 @@ static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, 
 }
 
 // 8 dense columns from the packed values at v for mask byte m, as fp32 (int8: unscaled). Closure
-// objects, not functions, as unit_scale (simd_avx2.h): here a pointer call per 8 columns made
-// decode 4x slower.
+// objects (inlined_callables, common.h).
 constexpr auto expand8_f32 = [](const float* v, uint32_t m) {
   return _mm256_and_ps(
       _mm256_permutevar8x32_ps(_mm256_loadu_ps(v),
@@ -91,6 +91,7 @@ void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 template <typename V, typename Expand8, typename RowScale>
 static void decode_bitmask_rows(const Weight& w, int64_t r0, int64_t r1, float* out,
                                 Expand8 expand8, RowScale row_scale) {
+  static_assert(inlined_callables<Expand8, RowScale>, "pass closure objects (common.h)");
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* mrow = w.mask + r * (w.kp / 8);
     const V* v = static_cast<const V*>(w.data) + w.row_off[r];

@@ -211,8 +211,7 @@ inline __m256i s24_control(uint64_t meta) {
   return _mm256_add_epi8(sel, base);
 }
 
-// The row scale of unscaled weights. A closure object, not a function: a function passed as a
-// template's callable decays to a pointer, and the kernels then call it instead of inlining it.
+// The row scale of unscaled weights, a closure object (inlined_callables, common.h).
 constexpr auto unit_scale = [](int64_t) { return 1.f; };
 
 // Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):
@@ -228,6 +227,7 @@ template <typename V, int A = 2, typename Load8, typename RowScale>
 inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                             int64_t r1, Load8 load8, RowScale row_scale) {
   static_assert(A == 2 || A == 4, "2 or 4 accumulators per token");
+  static_assert(inlined_callables<Load8, RowScale>, "pass closure objects (common.h)");
   const int64_t kp = w.kp;
   const bool prefetch_one = A == 4 || prefetch_single_stream();  // at T == 1 too (tiles.h)
   for_rows_and_tiles<A == 2 ? 5 : 3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
