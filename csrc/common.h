@@ -181,6 +181,18 @@ struct GemmActs {
 // runs: float weights, the portable path, the other weight-only formats on AVX2 (linear.cpp).
 int64_t int_gemm_act_group(const Weight& w);
 
+// The rows [r0, r0 + nr) of w that a panel GEMM packs, as fp32: fp32 weights in place, any other
+// format decoded (decode_rows) by the GEMM a group of rows at a time, into a buffer that stays in
+// L2 while it packs them. Decoding the whole 48-row panel first (up to 1 MB) and reading it back
+// cost bitmask fp32 prompts 3-5% against dense fp32, whose rows need no decoding.
+struct PanelRows {
+  const Weight& w;
+  int64_t r0, nr;
+  // Rows r0 + i .. r0 + i + n (i + n <= nr) with stride w.kp: in place, or decoded into buf
+  // (n * w.kp floats). Out of line (linear.cpp): portable code.
+  const float* rows(int64_t i, int64_t n, float* buf) const;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Kernel entry points. gemv_*: y[t * ldy + r] = dot(W[r], x[t]) for rows r in [r0, r1) and all
 // T tokens. Each token's result is bitwise the same whatever T and whichever other tokens share
@@ -203,16 +215,16 @@ int64_t int_gemm_act_group(const Weight& w);
 namespace scalar {
 SL_GEMV_KERNELS(SL_DECLARE_GEMV)
 SL_DECODE_ROWS(SL_DECLARE_DECODE_ROWS)
-// Y[t, r] = dot(W[r], X[t]) for a panel of nr rows and T tokens.
-void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
-                int64_t k, float* Y, int64_t ldy);
+// Y[t, r] = dot(W[r], X[t]) for a panel of W.nr <= kPanelRows rows and T tokens (k = W.w.kp).
+void panel_gemm(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
+                int64_t ldy);
 void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 }  // namespace scalar
 
 namespace avx2 {
 SL_GEMV_KERNELS(SL_DECLARE_GEMV)
-void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
-                int64_t k, float* Y, int64_t ldy);
+void panel_gemm(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
+                int64_t ldy);
 void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
 // The integer GEMM of prefill (gemm_int_avx2.cpp) for the int8-activation formats (W8A8, W4A8)
 // and, in a prompt, weight-only int4 (dense, bitmask): y[t * ldy + r] for rows [r0, r1), r0 a
@@ -234,8 +246,8 @@ void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
 void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_s24_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
-void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
-                int64_t k, float* Y, int64_t ldy);
+void panel_gemm(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
+                int64_t ldy);
 void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);

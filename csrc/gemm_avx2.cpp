@@ -62,22 +62,26 @@ using MicroFn = void (*)(const float*, const float*, int64_t, int64_t, float*, i
 static constexpr MicroFn kMicro[kTokens + 1] = {nullptr,  micro<1>, micro<2>, micro<3>,
                                                 micro<4>, micro<5>, micro<6>};
 
-void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
-                int64_t k, float* Y, int64_t ldy) {
-  thread_local AlignedVector<float> packed;
+void panel_gemm(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
+                int64_t ldy) {
+  const int64_t k = W.w.kp, nr = W.nr;
+  thread_local AlignedVector<float> packed, rows8;
   if (packed.size() < size_t(kPanelRows * k)) packed.resize(size_t(kPanelRows * k));
+  if (rows8.size() < size_t(8 * k)) rows8.resize(size_t(8 * k));
   float* Wt = packed.data();
-  // k-major, 8 x 8 blocks transposed in registers (k is a multiple of 8); rows past nr zero
-  for (int i = 0; i < 2 * kGroups; ++i)
+  // k-major, 8 rows at a time (decoded into rows8, which stays in L2), 8 x 8 blocks transposed
+  // in registers (k is a multiple of 8); rows past nr zero
+  for (int i = 0; i < 2 * kGroups; ++i) {
+    const int64_t left = nr - 8 * i, n = left <= 0 ? 0 : left < 8 ? left : 8;
+    const float* src = n ? W.rows(8 * i, n, rows8.data()) : nullptr;
     for (int64_t p = 0; p < k; p += 8) {
       __m256 r[8];
-      for (int j = 0; j < 8; ++j) {
-        const int64_t row = 8 * i + j;
-        r[j] = row < nr ? _mm256_loadu_ps(W + row * ldw + p) : _mm256_setzero_ps();
-      }
+      for (int j = 0; j < 8; ++j)
+        r[j] = j < n ? _mm256_loadu_ps(src + j * k + p) : _mm256_setzero_ps();
       transpose8(r);
       for (int j = 0; j < 8; ++j) _mm256_store_ps(Wt + (p + j) * kPanelRows + 8 * i, r[j]);
     }
+  }
   RowMasks rm;
   for (int i = 0; i < 2 * kGroups; ++i) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

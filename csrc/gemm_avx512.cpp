@@ -48,22 +48,26 @@ static constexpr MicroFn kMicro[kTokens + 1] = {nullptr,  micro<1>, micro<2>, mi
                                                 micro<4>, micro<5>, micro<6>, micro<7>,
                                                 micro<8>};
 
-void panel_gemm(const float* W, int64_t ldw, int64_t nr, const float* X, int64_t ldx, int64_t T,
-                int64_t k, float* Y, int64_t ldy) {
-  thread_local AlignedVector<float> packed;
+void panel_gemm(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
+                int64_t ldy) {
+  const int64_t k = W.w.kp, nr = W.nr;
+  thread_local AlignedVector<float> packed, rows16;
   if (packed.size() < size_t(kPanelRows * k)) packed.resize(size_t(kPanelRows * k));
+  if (rows16.size() < size_t(16 * k)) rows16.resize(size_t(16 * k));
   float* Wt = packed.data();
-  // k-major, 16 x 16 blocks transposed in registers (k is a multiple of 64); rows past nr zero
-  for (int i = 0; i < kVecs; ++i)
+  // k-major, 16 rows at a time (decoded into rows16, which stays in L2), 16 x 16 blocks
+  // transposed in registers (k is a multiple of 64); rows past nr zero
+  for (int i = 0; i < kVecs; ++i) {
+    const int64_t left = nr - 16 * i, n = left <= 0 ? 0 : left < 16 ? left : 16;
+    const float* src = n ? W.rows(16 * i, n, rows16.data()) : nullptr;
     for (int64_t p = 0; p < k; p += 16) {
       __m512 r[16];
-      for (int j = 0; j < 16; ++j) {
-        const int64_t row = 16 * i + j;
-        r[j] = row < nr ? _mm512_loadu_ps(W + row * ldw + p) : _mm512_setzero_ps();
-      }
+      for (int j = 0; j < 16; ++j)
+        r[j] = j < n ? _mm512_loadu_ps(src + j * k + p) : _mm512_setzero_ps();
       transpose16(r);
       for (int j = 0; j < 16; ++j) _mm512_store_ps(Wt + (p + j) * kPanelRows + 16 * i, r[j]);
     }
+  }
   // Outputs past nr are not this panel's: each vector stores only its rows below nr.
   __mmask16 masks[kVecs];
   for (int i = 0; i < kVecs; ++i) {

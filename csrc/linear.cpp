@@ -45,7 +45,6 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(xscale, size_t(T));
   grow(xsum, size_t(T));
   grow(gsum, size_t(kMaxMulti * T * kp / 32));
-  grow(panel, size_t(num_threads() * kPanelRows * kp));
   if (use_avx512()) grow(xu, size_t(T * kp));  // the integer codes this ISA multiplies
   else if (use_avx2()) grow(xw, size_t(T * kp));
   grow(xgscale, size_t(T * kp / 32));
@@ -107,15 +106,17 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
                                   : scalar::panel_gemm;
   const int64_t npanels = (w.rows + kPanelRows - 1) / kPanelRows;
   parallel(w.rows * kp * T >= 16 * kMinParallelWork, [&](int id, int nt) {
-    float* buf = s.panel.data() + id * kPanelRows * kp;
     for (int64_t p = id * npanels / nt; p < (id + 1) * npanels / nt; ++p) {
-      const int64_t r0 = p * kPanelRows, r1 = std::min(w.rows, r0 + kPanelRows);
-      const float* panel = buf;
-      if (w.fmt == Fmt::F32) panel = static_cast<const float*>(w.data) + r0 * kp;
-      else decode_rows(w, r0, r1, buf);
-      gemm(panel, kp, r1 - r0, xp, kp, T, kp, y + r0, ldy);
+      const int64_t r0 = p * kPanelRows;
+      gemm(PanelRows{w, r0, std::min(w.rows - r0, kPanelRows)}, xp, kp, T, y + r0, ldy);
     }
   });
+}
+
+const float* PanelRows::rows(int64_t i, int64_t n, float* buf) const {
+  if (w.fmt == Fmt::F32) return static_cast<const float*>(w.data) + (r0 + i) * w.kp;
+  decode_rows(w, r0 + i, r0 + i + n, buf);
+  return buf;
 }
 
 // The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd, int8 maddubs for int4):

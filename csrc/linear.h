@@ -18,7 +18,6 @@ struct LinearScratch {
   AlignedVector<int32_t> xsum;  // (T,) per-token sums of xq (the AVX-512 W8A8 kernels' offset)
   AlignedVector<float> gsum;    // (kMaxMulti, T, kp/32) per-weight, per-token int4 group sums
                                 // (the AVX2 int4 GEMM: (T, kp/32), of xq per 32 columns)
-  AlignedVector<float> panel;   // (threads, kPanelRows, kp) decoded weight rows
   AlignedVector<uint8_t> xu;    // (T, kp) int8 GEMM activations + 128 (GemmActs, AVX-512)
   AlignedVector<int16_t> xw;    // (T, kp) int16 GEMM activations (GemmActs, AVX2)
   AlignedVector<float> xgscale; // (T, kp/32) their scales per group (weight-only formats)
