@@ -184,7 +184,8 @@ int64_t int_gemm_act_group(const Weight& w);
 // The rows [r0, r0 + nr) of w that a panel GEMM packs, as fp32: fp32 weights in place, any other
 // format decoded (decode_rows) by the GEMM a group of rows at a time, into a buffer that stays in
 // L2 while it packs them. Decoding the whole 48-row panel first (up to 1 MB) and reading it back
-// cost bitmask fp32 prompts 3-5% against dense fp32, whose rows need no decoding.
+// cost every decoded format (SmolLM2-135M, 512-token prefill, AVX2: bitmask fp32 1.08x, bitmask
+// int8 1.06x, bf16 1.10x this way; fp32, read in place, level).
 struct PanelRows {
   const Weight& w;
   int64_t r0, nr;
