@@ -32,7 +32,7 @@ bool cpu_supports_avx512() {
 bool prefetch_single_stream() {
   static const bool on = [] {
     __builtin_cpu_init();
-    return !__builtin_cpu_is("amd");
+    return !(__builtin_cpu_is("amd") && cpu_supports_avx512());  // off from Zen 4 (tiles.h)
   }();
   return on;
 }

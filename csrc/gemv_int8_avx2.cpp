@@ -45,6 +45,7 @@ void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
 // weight vectors fit the 16 ymm registers.
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t kp = w.kp;
+  const bool prefetch_one = prefetch_single_stream();  // at T == 1 too (tiles.h)
   for_rows_and_tiles<2>(r0 / kRowBlock16, row_blocks16(r1), a.T, [&](auto nt, int64_t b,
                                                                      int64_t t0) {
     constexpr int NT = decltype(nt)::value;
@@ -54,7 +55,7 @@ void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
     for (int t = 0; t < NT; ++t)
       for (int i = 0; i < 4; ++i) acc[t][i] = _mm256_setzero_si256();
     for (int64_t k = 0; k < kp; k += 4) {
-      if constexpr (NT > 1) prefetch_ahead(blk + 16 * k);
+      if (NT > 1 || prefetch_one) prefetch_ahead(blk + 16 * k);
       __m256i wv[4];
       for (int h = 0; h < 2; ++h) {
         const I16x32 w16 =
