@@ -106,7 +106,7 @@ static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int
     // depend on its tile.
     __m256 acc[NT], acc1[NT];
     for (int t = 0; t < NT; ++t) acc[t] = acc1[t] = _mm256_setzero_ps();
-    const auto group = [&](int64_t g, __m256* acc) {
+    const auto group = [&](int64_t g, __m256* sums) {  // acc or acc1
       __m256i gi[NT];
       for (int t = 0; t < NT; ++t) gi[t] = _mm256_setzero_si256();
       for (int64_t b = 0; b < bpg; ++b) {
@@ -122,7 +122,8 @@ static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int
         }
       }
       const __m256 s = _mm256_set1_ps(sc[g]);
-      for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi[t]), s, acc[t]);
+      for (int t = 0; t < NT; ++t)
+        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi[t]), s, sums[t]);
     };
     int64_t g = 0;
     for (; g + 2 <= ng; g += 2) {
