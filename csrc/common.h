@@ -159,6 +159,7 @@ struct Acts {
   const float* xscale = nullptr;  // (T,) x[t] ~= xq[t] * xscale[t]
   const int32_t* xsum = nullptr;  // (T,) sum of xq[t], act_int8 formats only
   const int16_t* xw = nullptr;    // (T, kp) xq widened to int16, for Gemv::int16_codes kernels
+  const float* xgscale = nullptr; // (T, kp/group) xq's scales per weight group (Gemv::group_int8)
   const float* gsum = nullptr;    // (T, kp/group) I4, and SP_I4 W4A8 on AVX-512: per-group
                                   // sums of x (xq for W4A8)
 };
@@ -235,6 +236,9 @@ void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t
 // (quantize_groups), widened to int16 for the int16 kernel (widen_codes; n a multiple of 16).
 void widen_codes(const int8_t* q, int64_t n, int16_t* xw);
 void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float* xs);
+// Weight-only int4 on x quantized per weight group (xq, xgscale; gsum: each group's code sum
+// times its scale): the W4A8 kernel with per-group activation scales (Gemv::group_int8).
+void gemv_i4_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out);
 void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
 }  // namespace avx2
@@ -283,11 +287,13 @@ using GemvFn = void (*)(const Weight&, const Acts&, float*, int64_t, int64_t, in
 using DecodeRowsFn = void (*)(const Weight&, int64_t, int64_t, float*);
 
 // A GEMV kernel, and whether it reads Acts::gsum (per-group sums of the activations) and
-// Acts::xw (the int8 codes widened to int16).
+// Acts::xw (the int8 codes widened to int16). group_int8: a weight-only format's kernel on x
+// quantized per weight group (LinearScratch::group_int8, linear.h), where there is one.
 struct Gemv {
   GemvFn fn = nullptr;
   bool group_sums = false;
   bool int16_codes = false;
+  GemvFn group_int8 = nullptr;
 };
 constexpr bool kGroupSums = true, kInt16Codes = true;
 
@@ -362,7 +368,8 @@ inline constexpr FmtTraits kFmtTraits[] = {
    {{scalar::gemv_i8}, {avx2::gemv_i8}, {avx512::gemv_i8}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_i8},
   {Fmt::I4, "I4", 4, false, Sparsity::Dense, true, true,
-   {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums}, {avx512::gemv_i4},
+   {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums, !kInt16Codes, avx2::gemv_i4_xg},
+    {avx512::gemv_i4},
     kGemvMaxTokensF32},
    {{scalar::gemv_i4a8, kGroupSums}, {avx2::gemv_i4a8, kGroupSums}, {avx512::gemv_i4a8, kGroupSums},
     kGemvMaxTokensI4A8, kGemvMaxTokensI4A8Madd, kGemvMaxTokensVnni},

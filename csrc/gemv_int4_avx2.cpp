@@ -86,8 +86,11 @@ void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
 
 // W4A8: unsigned nibbles x signed int8 activations is exactly what maddubs multiplies
 // (pair sums <= 2*15*127, no saturation): ~10 instructions per 32 weights instead of ~18.
-// The nibbles of a block are unpacked once for all tokens of the tile.
-template <int G>
+// The nibbles of a block are unpacked once for all tokens of the tile. GroupX: weight-only
+// int4 with x quantized per weight group (Gemv::group_int8): each group's dot is scaled by
+// the weight's and x's group scales (Acts::xgscale), where W8A8's per-token scale multiplies
+// the row's sum once; a.gsum then holds each group's code sum times its scale.
+template <int G, bool GroupX>
 static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                       int64_t r1) {
   const uint8_t* W = static_cast<const uint8_t*>(w.data);
@@ -121,9 +124,10 @@ static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int
           gi[t] = _mm256_add_epi32(gi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones));
         }
       }
-      const __m256 s = _mm256_set1_ps(sc[g]);
-      for (int t = 0; t < NT; ++t)
-        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi[t]), s, sums[t]);
+      for (int t = 0; t < NT; ++t) {
+        const float s = GroupX ? sc[g] * a.xgscale[(t0 + t) * ng + g] : sc[g];
+        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi[t]), _mm256_set1_ps(s), sums[t]);
+      }
     };
     int64_t g = 0;
     for (; g + 2 <= ng; g += 2) {
@@ -134,12 +138,16 @@ static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int
     for (int t = 0; t < NT; ++t)
       y[(t0 + t) * ldy + r] =
           (hsum(_mm256_add_ps(acc[t], acc1[t])) - zero_point_term(w, r, a.gsum + (t0 + t) * ng)) *
-          a.xscale[t0 + t];
+          (GroupX ? 1.f : a.xscale[t0 + t]);
   });
 }
 
 void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  with_group(w.group, [&](auto g) { i4a8_rows<decltype(g)::value>(w, a, y, ldy, r0, r1); });
+  with_group(w.group, [&](auto g) { i4a8_rows<decltype(g)::value, false>(w, a, y, ldy, r0, r1); });
+}
+
+void gemv_i4_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  with_group(w.group, [&](auto g) { i4a8_rows<decltype(g)::value, true>(w, a, y, ldy, r0, r1); });
 }
 
 }  // namespace sl::avx2

@@ -47,7 +47,7 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(gsum, size_t(kMaxMulti * T * kp / 32));
   if (use_avx512()) grow(xu, size_t(T * kp));  // the integer codes this ISA multiplies
   else if (use_avx2()) grow(xw, size_t(T * kp));
-  grow(xgscale, size_t(T * kp / 32));
+  grow(xgscale, size_t(kMaxMulti * T * kp / 32));
 }
 
 // Below this many weight x token products a parallel region costs more than it saves (fork/join
@@ -124,8 +124,17 @@ const float* PanelRows::rows(int64_t i, int64_t n, float* buf) const {
 // quantized per group of columns, int_gemm_act_group), in parallel over tokens, once for every
 // weight of the same width and activation group (q/k/v, gate/up), then the GEMM of each weight
 // in parallel over units of rows.
+// Whether a weight-only weight's GEMV runs on x quantized per weight group.
+static bool group_int8(const Weight& w, const Gemv& gemv, const LinearScratch& s) {
+  return s.group_int8 && !w.act_int8 && gemv.group_int8;
+}
+
+int64_t group_int8_act_group(const Weight& w) {
+  return !w.act_int8 && pick_gemv(w).group_int8 ? w.group : -1;
+}
+
 static bool int_gemm_takes(const Weight& w, const LinearScratch& s) {
-  return int_gemm_act_group(w) >= 0 && (w.act_int8 || s.prompt);
+  return int_gemm_act_group(w) >= 0 && (w.act_int8 || s.prompt || group_int8(w, pick_gemv(w), s));
 }
 
 // The activations of weights ws[0 .. n), which share them (the same int_gemm_act_group).
@@ -198,6 +207,29 @@ static void sparse_f32_gemm(const Weight& w, const float* x, int64_t T, int64_t 
                });
 }
 
+// Weight i's activations for its Gemv::group_int8 kernel: x (acts[i].x) quantized per weight
+// group (xq, xgscale) and each group's code sum times its scale (gsum, the zero-point term),
+// or those of an earlier weight with the same group.
+static void group_int8_acts(const Weight* const* ws, Acts* acts, int i, LinearScratch& s) {
+  const Weight& w = *ws[i];
+  Acts& a = acts[i];
+  for (int j = 0; j < i; ++j)
+    if (acts[j].xgscale && ws[j]->group == w.group) {
+      a.xq = acts[j].xq, a.xgscale = acts[j].xgscale, a.gsum = acts[j].gsum;
+      return;
+    }
+  const int64_t T = a.T, kp = w.kp, ng = kp / w.group;
+  if (s.xgq.size() < size_t(kMaxMulti * T * kp)) s.xgq.resize(size_t(kMaxMulti * T * kp));
+  int8_t* q = s.xgq.data() + i * T * kp;
+  float* xs = s.xgscale.data() + i * T * (kp / 32);
+  float* gs = s.gsum.data() + i * T * (kp / 32);
+  for (int64_t t = 0; t < T; ++t)
+    avx2::quantize_groups(a.x + t * kp, kp, w.group, q + t * kp, xs + t * ng);
+  group_sums(q, T, kp, w.group, gs);
+  for (int64_t k = 0; k < T * ng; ++k) gs[k] *= xs[k];
+  a.xq = q, a.xgscale = xs, a.gsum = gs;
+}
+
 // The GEMV path for n weights with the same padded width: activations prepared once, then one
 // parallel region in which the threads split the concatenated rows of all weights into
 // contiguous ranges, in blocks of 16 rows (Fmt::I8_R16's unit; a kernel call starts on one).
@@ -226,6 +258,11 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     a.xw = s.xw.data();
     const Gemv& gemv = pick_gemv(w);
     fns[i] = gemv.fn;
+    if (group_int8(w, gemv, s)) {
+      fns[i] = gemv.group_int8;
+      group_int8_acts(ws, acts, i, s);
+      continue;
+    }
     if (gemv.int16_codes && !widened) {
       for (int64_t t = 0; t < T; ++t) avx2::widen_codes(a.xq + t * kp, kp, s.xw.data() + t * kp);
       widened = true;
@@ -236,7 +273,8 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
       // Group sums of the activations the kernel multiplies (zero-point term), per token;
       // fused int4 weights with the same groups (q/k/v, gate/up) share one computation.
       for (int j = 0; j < i && !a.gsum; ++j)
-        if (ws[j]->group == w.group && ws[j]->act_int8 == w.act_int8 && acts[j].gsum)
+        if (ws[j]->group == w.group && ws[j]->act_int8 == w.act_int8 && acts[j].gsum &&
+            !acts[j].xgscale)
           a.gsum = acts[j].gsum;
       if (!a.gsum) {
         float* gs = s.gsum.data() + i * T * (kp / 32);

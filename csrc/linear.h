@@ -20,13 +20,19 @@ struct LinearScratch {
                                 // (the AVX2 int4 GEMM: (T, kp/32), of xq per 32 columns)
   AlignedVector<uint8_t> xu;    // (T, kp) int8 GEMM activations + 128 (GemmActs, AVX-512)
   AlignedVector<int16_t> xw;    // (T, kp) int16 GEMM activations (GemmActs, AVX2)
-  AlignedVector<float> xgscale; // (T, kp/32) their scales per group (weight-only formats)
+  AlignedVector<float> xgscale; // (kMaxMulti, T, kp/32) their scales per group (weight-only)
+  AlignedVector<int8_t> xgq;    // (kMaxMulti, T, kp) x's codes per weight group (group_int8)
   AlignedVector<float> xt;      // x k-major in token tiles (transpose_tokens; sized on first use)
   // A prompt chunk: above the GEMV's limit, weight-only int4 may quantize activations for the
   // integer GEMM. Off (batched decode, speculative verification), it takes the fp32 GEMM,
   // whose results differ from the GEMV's by rounding only, so verified tokens are the ones
   // decode would pick.
   bool prompt = false;
+  // Weight-only formats with a GEMV on x quantized per weight group (Gemv::group_int8: dense
+  // int4 on AVX2) quantize it at every T, as llama.cpp and OpenVINO do: decode and speculative
+  // verification too, then the integer GEMM above the GEMV's limit (results differing from
+  // the GEMV's by rounding only, as for W4A8).
+  bool group_int8 = false;
   void reserve(int64_t T, int64_t kp);
 };
 
@@ -42,6 +48,9 @@ constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one 
 // limit is the format's, per activation type (kFmtTraits); set_gemv_max_tokens(n > 0)
 // overrides it for measurements, 0 restores the defaults.
 int64_t gemv_max_tokens(const Weight& w);
+// Under LinearScratch::group_int8 on the active ISA: the columns per activation scale of this
+// weight at every T (its group, where its GEMV has a Gemv::group_int8 kernel), else -1.
+int64_t group_int8_act_group(const Weight& w);
 void set_gemv_max_tokens(int64_t n);
 
 // x: (T, w.cols) with row stride ldx; y: (T, w.rows) with row stride ldy.

@@ -150,10 +150,11 @@ void NativeModel::mlp_block(const LayerWeights& w, int64_t T, float* out) {
 
 void NativeModel::forward(const int64_t* tokens, const int64_t* slots, const int64_t* positions,
                           int64_t T, const KVCache& cache, const int64_t* logit_rows, int64_t R,
-                          float* out_logits, bool prompt, bool prompt_int8) {
+                          float* out_logits, bool prompt, bool dynamic_int8) {
   const ModelConfig& c = cfg_;
   prompt_ = prompt;
-  lin_.prompt = prompt && prompt_int8;
+  lin_.prompt = prompt && dynamic_int8;
+  lin_.group_int8 = dynamic_int8;
   if (T < 1 || T > c.max_tokens)
     throw std::out_of_range("forward: T=" + std::to_string(T) + " not in [1, max_tokens=" +
                             std::to_string(c.max_tokens) + "]");

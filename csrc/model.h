@@ -77,12 +77,14 @@ class NativeModel {
 
   // tokens, slots, positions: (T,); logit_rows: (R,) indices into the T tokens;
   // out_logits: (R, vocab). prompt: the tokens are prompt chunks, which take the prompt
-  // kernels: attention in blocks of queries (AttnShape::prompt) and, with prompt_int8, the int8
+  // kernels: attention in blocks of queries (AttnShape::prompt) and, with dynamic_int8, the int8
   // GEMM on quantized activations for weight-only formats (LinearScratch::prompt).
+  // dynamic_int8 also lets weight-only GEMVs with a Gemv::group_int8 kernel quantize x per
+  // weight group at every T (LinearScratch::group_int8).
   // Throws std::out_of_range on bad ids / positions / slots.
   void forward(const int64_t* tokens, const int64_t* slots, const int64_t* positions, int64_t T,
                const KVCache& cache, const int64_t* logit_rows, int64_t R, float* out_logits,
-               bool prompt = false, bool prompt_int8 = true);
+               bool prompt = false, bool dynamic_int8 = true);
 
   const ModelConfig& config() const { return cfg_; }
   int64_t window(int64_t layer) const {

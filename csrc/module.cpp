@@ -312,11 +312,16 @@ PYBIND11_MODULE(_native, m) {
           "Above gemv_max_tokens, on the active ISA: -1 for the fp32 GEMM, else the integer "
           "GEMM (AVX2 int16 / int8, AVX-512 int8) with activations quantized per this many "
           "columns (0: per token, W8A8 / W4A8; > 0, weight-only int4, and int8 on AVX-512: for "
-          "a prompt only)");
+          "a prompt only)")
+      .def_property_readonly(
+          "group_int8_act_group",
+          [](const PyWeight& p) -> int64_t { return group_int8_act_group(p.w); },
+          "With dynamic_int8, on the active ISA: > 0 if this weight-only weight quantizes x per "
+          "this many columns at every T (its GEMV's group_int8 kernel), else -1");
 
   m.def(
       "linear",
-      [](py::array x, const PyWeight& p, py::array out, bool prompt) {
+      [](py::array x, const PyWeight& p, py::array out, bool prompt, bool dynamic_int8) {
         const Weight& w = p.w;
         if (x.ndim() != 2 || x.shape(1) != w.cols)
           throw std::invalid_argument("linear: x must be (T, " + std::to_string(w.cols) + ")");
@@ -327,17 +332,21 @@ PYBIND11_MODULE(_native, m) {
         const int64_t T = x.shape(0);
         py::gil_scoped_release nogil;
         tl_scratch.prompt = prompt;
+        tl_scratch.group_int8 = dynamic_int8;
         linear(w, xp, T, w.cols, yp, w.rows, tl_scratch);
       },
       py::arg("x"), py::arg("weight"), py::arg("out"), py::arg("prompt") = false,
-      "out = x @ W.T (x: (T, in) fp32); prompt: as a prompt chunk (csrc/linear.h)");
+      py::arg("dynamic_int8") = false,
+      "out = x @ W.T (x: (T, in) fp32); prompt: as a prompt chunk; dynamic_int8: weight-only "
+      "GEMVs on x quantized per weight group where they have such a kernel (csrc/linear.h)");
 
   m.def(
       "bench_linear",
-      [](std::vector<const PyWeight*> ws, py::array x, int64_t iters, bool prompt) {
+      [](std::vector<const PyWeight*> ws, py::array x, int64_t iters, bool prompt,
+         bool dynamic_int8) {
         // Seconds per linear() call, cycling through `ws` (copies of one matrix whose total
         // size exceeds the last-level cache, so every call streams its weights from DRAM);
-        // x's tokens are a prompt's or not (linear's `prompt`).
+        // x's tokens are a prompt's or not (linear's `prompt`, and `dynamic_int8`).
         if (ws.empty()) throw std::invalid_argument("bench_linear: no weights");
         const Weight& w0 = ws[0]->w;
         if (x.ndim() != 2 || x.shape(1) != w0.cols) throw std::invalid_argument("bench_linear: x");
@@ -346,15 +355,17 @@ PYBIND11_MODULE(_native, m) {
         std::vector<float> y(size_t(T * w0.rows));
         py::gil_scoped_release nogil;
         tl_scratch.prompt = prompt;
+        tl_scratch.group_int8 = dynamic_int8;
         for (const PyWeight* p : ws) linear(p->w, xp, T, w0.cols, y.data(), w0.rows, tl_scratch);
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < iters; ++i)
           linear(ws[i % ws.size()]->w, xp, T, w0.cols, y.data(), w0.rows, tl_scratch);
         const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-        tl_scratch.prompt = false;
+        tl_scratch.prompt = tl_scratch.group_int8 = false;
         return dt.count() / double(iters);
       },
-      py::arg("weights"), py::arg("x"), py::arg("iters"), py::arg("prompt") = false);
+      py::arg("weights"), py::arg("x"), py::arg("iters"), py::arg("prompt") = false,
+      py::arg("dynamic_int8") = false);
 
   m.def(
       "read_bandwidth",
@@ -441,7 +452,7 @@ PYBIND11_MODULE(_native, m) {
           [](PyModel& pm, const std::vector<int64_t>& tokens, const std::vector<int64_t>& slots,
              const std::vector<int64_t>& positions, py::array k_cache, py::array v_cache,
              const std::vector<int64_t>& logit_rows, py::array out, bool prompt,
-             bool prompt_int8) {
+             bool dynamic_int8) {
             const ModelConfig& c = pm.model->config();
             const int64_t T = tokens.size(), R = logit_rows.size();
             if (int64_t(slots.size()) != T || int64_t(positions.size()) != T)
@@ -462,12 +473,12 @@ PYBIND11_MODULE(_native, m) {
             std::lock_guard<std::mutex> lock(*pm.busy);  // one forward at a time per model
             ThreadScope scope(pm.threads);
             pm.model->forward(tokens.data(), slots.data(), positions.data(), T, kv,
-                              logit_rows.data(), R, op, prompt, prompt_int8);
+                              logit_rows.data(), R, op, prompt, dynamic_int8);
             pm.last_threads = scope.widest();
           },
           py::arg("tokens"), py::arg("slots"), py::arg("positions"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("logit_rows"), py::arg("out"), py::arg("prompt") = false,
-          py::arg("prompt_int8") = true);
+          py::arg("dynamic_int8") = true);
 
   m.def(
       "rms_norm",

@@ -95,7 +95,9 @@ def empty_cache(args):
 
 def run_schedule(model, args):
     """Prefill two sequences in chunks (one chunk mixes both), then batched decodes of
-    different lengths; returns all logits in order and the final caches."""
+    different lengths; returns all logits in order and the final caches. Weight-only formats
+    run on fp32 activations, as the reference does (dense int4's per-group int8 ones,
+    dynamic_int8, are checked against their twin in tests/kernels and tests/engine)."""
     k, v = empty_cache(args)
     rng = np.random.default_rng(1)
     steps = [
@@ -114,7 +116,7 @@ def run_schedule(model, args):
         tokens = rng.integers(0, args.vocab_size, slots.size)
         last = np.flatnonzero(np.append(np.diff(slots) != 0, True))  # last token of each run
         rows = np.concatenate([[0], last])  # plus one extra row to check row selection
-        logits.append(model.forward(tokens, slots, positions, k, v, rows))
+        logits.append(model.forward(tokens, slots, positions, k, v, rows, dynamic_int8=False))
     return logits, k, v
 
 

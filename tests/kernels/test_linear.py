@@ -45,27 +45,32 @@ def test_linear_matches_reference(isa, rng, fmt, shape):
     for T in TOKENS:
         x = rng.standard_normal((T, shape[1])).astype(np.float32)
         for prompt in (False, True):
-            np.testing.assert_allclose(kernels.linear(x, p, prompt=prompt),
-                                       ref.linear_as_run(x, p, prompt), **tolerance(fmt),
-                                       err_msg=f"{fmt} {shape} T={T} {isa} prompt={prompt}")
+            for dyn in (False, True):  # dynamic_int8: dense int4's x per group on AVX2
+                np.testing.assert_allclose(
+                    kernels.linear(x, p, prompt=prompt, dynamic_int8=dyn),
+                    ref.linear_as_run(x, p, prompt, dyn), **tolerance(fmt),
+                    err_msg=f"{fmt} {shape} T={T} {isa} prompt={prompt} dynamic_int8={dyn}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", [(37, 96), (5, 200)])
-def test_each_token_is_bitwise_independent_of_the_batch(isa, rng, fmt, shape):
-    """Batched decode / speculative verification give every token exactly its T == 1 result."""
+@pytest.mark.parametrize("dyn", [False, True])
+def test_each_token_is_bitwise_independent_of_the_batch(isa, rng, fmt, shape, dyn):
+    """Batched decode / speculative verification give every token exactly its T == 1 result
+    (with dynamic_int8 too: each token's x is quantized on its own)."""
     w, mask = random_weight(rng, shape, fmt)
     p = kernels.pack(w, fmt, mask)
     # 8 for fp32 activations; int8 activations: 32 (AVX2), 8-40 (AVX-512), unlimited (scalar)
     limit = min(p.native().gemv_max_tokens, 40)
     assert limit >= 8
     x = rng.standard_normal((limit, shape[1])).astype(np.float32) * 3
-    alone = np.concatenate([kernels.linear(x[t:t + 1], p) for t in range(limit)])
+    alone = np.concatenate([kernels.linear(x[t:t + 1], p, dynamic_int8=dyn)
+                            for t in range(limit)])
     for T in sorted({1, 2, 3, 5, 8, 20, limit} & set(range(1, limit + 1))):
-        batch = kernels.linear(x[:T], p)
+        batch = kernels.linear(x[:T], p, dynamic_int8=dyn)
         np.testing.assert_array_equal(batch, alone[:T], err_msg=f"{fmt} {shape} T={T} {isa}")
     # A token's result does not depend on its neighbours either.
-    shuffled = kernels.linear(x[::-1].copy(), p)[::-1]
+    shuffled = kernels.linear(x[::-1].copy(), p, dynamic_int8=dyn)[::-1]
     np.testing.assert_array_equal(shuffled, alone)
 
 

@@ -73,7 +73,7 @@ def test_greedy_continuation_matches_transformers_generate(variant, tiny_model_d
 def test_native_formats_equal_numpy_reference(variant, fmt, tiny_model_dir, token_ids):
     ck = load_checkpoint(tiny_model_dir(variant))
     ids = token_ids(40, seed=2)
-    native = Engine(ck, sequence_length=64, weights=fmt, prefill_int8=False)
+    native = Engine(ck, sequence_length=64, weights=fmt, dynamic_int8=False)
     numpy_ = Engine(ck, sequence_length=64, weights=fmt, backend="numpy")
     tokens, lb = greedy(numpy_, ids, 8)
     _, la = greedy(native, ids, 8, forced=tokens)  # int8 activations may flip an argmax

@@ -99,7 +99,7 @@ def test_values_equal_gguf_dequantization(qtype, quant_files):
 def test_each_type_runs_in_its_declared_format(qtype, quant_files):
     path, _ = quant_files(qtype)
     ck = load_checkpoint(path)
-    engine = Engine(ck, sequence_length=16, prefill_int8=False)  # fp32 activations, as the
+    engine = Engine(ck, sequence_length=16, dynamic_int8=False)  # fp32 activations, as the
     expected = DECLARED[qtype].name                                 # reference below
     assert set(engine.formats.values()) == {expected}
     for name in engine.formats:

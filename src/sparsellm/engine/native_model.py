@@ -202,19 +202,19 @@ class NativeDecoderModel:
         v_cache: np.ndarray,
         logit_rows: Sequence[int] | np.ndarray,
         prompt: bool = False,
-        prompt_int8: bool = True,
+        dynamic_int8: bool = True,
     ) -> np.ndarray:
         """Same contract as DecoderModel.forward; k_cache/v_cache (layers, slots, kv_heads,
         capacity, head_dim), C-contiguous float32 or float16, are written in place. prompt: the
         tokens are prompt chunks: on AVX-512 their attention runs in blocks of queries, and with
-        prompt_int8 weight-only formats may quantize their activations for the int8 GEMM
+        dynamic_int8 weight-only formats may quantize their activations for the int8 GEMM
         (csrc/linear.h). -> (len(logit_rows), vocab)
         """
         out = np.empty((len(logit_rows), self.args.vocab_size), dtype=np.float32)
         T, M = len(tokens), self.max_tokens
         if T <= M:  # lists of ints go to the native call as they are (no NumPy on this path)
             self._native_forward(tokens, slots, positions, k_cache, v_cache, logit_rows, out,
-                                 prompt, prompt_int8)
+                                 prompt, dynamic_int8)
             return out
         # Chunks run in order, so a later chunk sees the keys/values the earlier ones wrote.
         # They are near-equal in size, never M, M, ..., and a remainder: a remainder of a few
@@ -229,7 +229,7 @@ class NativeDecoderModel:
             sel = np.flatnonzero((rows >= c0) & (rows < c1))
             part = np.empty((sel.size, self.args.vocab_size), dtype=np.float32)
             self._native_forward(tokens[c0:c1], slots[c0:c1], positions[c0:c1], k_cache,
-                                 v_cache, rows[sel] - c0, part, prompt, prompt_int8)
+                                 v_cache, rows[sel] - c0, part, prompt, dynamic_int8)
             out[sel] = part
         return out
 

@@ -47,10 +47,12 @@ def make_weight(rng: np.random.Generator, shape: tuple[int, int], fmt: str):
 
 
 def bench_gemv(fmt: str, shape: tuple[int, int], min_time: float = 0.2,
-               hot: bool = False, tokens: int = 1, prompt: bool = False) -> tuple[float, int]:
+               hot: bool = False, tokens: int = 1, prompt: bool = False,
+               dynamic_int8: bool = True) -> tuple[float, int]:
     """(seconds per linear() call, packed bytes) for one format and shape with `tokens` rows of
-    activations (a prompt's, or decode / verification tokens). hot: the matrix stays in cache,
-    which measures the kernel's compute ceiling instead of DRAM bandwidth."""
+    activations (a prompt's, or decode / verification tokens), with the engine's default
+    `dynamic_int8`. hot: the matrix stays in cache, which measures the kernel's compute ceiling
+    instead of DRAM bandwidth."""
     rng = np.random.default_rng(0)
     p = make_weight(rng, shape, fmt)
     copies = 1 if hot else max(1, -(-CACHE_BYTES // p.nbytes))
@@ -64,7 +66,7 @@ def bench_gemv(fmt: str, shape: tuple[int, int], min_time: float = 0.2,
     iters = copies
     while True:
         t0 = time.perf_counter()
-        dt = native().bench_linear(ws, x, iters, prompt)
+        dt = native().bench_linear(ws, x, iters, prompt, dynamic_int8)
         if time.perf_counter() - t0 > min_time:
             return dt, p.nbytes
         iters *= 4

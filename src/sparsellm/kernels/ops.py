@@ -13,11 +13,12 @@ def _f32(a: np.ndarray) -> np.ndarray:
 
 
 def linear(x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None,
-           prompt: bool = False) -> np.ndarray:
+           prompt: bool = False, dynamic_int8: bool = False) -> np.ndarray:
     """y = x @ W.T. x: (T, in) or (in,) -> (T, out) or (out,). Up to a few tokens run the
     format's GEMV kernel (each packed row streamed once for all of them); more run a GEMM (see
-    csrc/linear.h): on AVX-512 an int8 one for integer formats, which for the weight-only ones
-    quantizes x per group of columns when `prompt` (a prompt chunk)."""
+    csrc/linear.h): an integer one for integer formats, which for the weight-only ones
+    quantizes x per group of columns when `prompt` (a prompt chunk). `dynamic_int8`: weight-only
+    int4 on AVX2 quantizes x per weight group at every T, as the engine does by default."""
     x = _f32(x)
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: x must be (T, {w.shape[1]}) for a {w.shape} weight, "
@@ -25,7 +26,7 @@ def linear(x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None,
     x2 = x.reshape(-1, w.shape[1])
     if out is None:
         out = np.empty((x2.shape[0], w.shape[0]), dtype=np.float32)
-    native().linear(x2, w.native(), out.reshape(x2.shape[0], w.shape[0]), prompt)
+    native().linear(x2, w.native(), out.reshape(x2.shape[0], w.shape[0]), prompt, dynamic_int8)
     return out.reshape(*np.shape(x)[:-1], w.shape[0])
 
 

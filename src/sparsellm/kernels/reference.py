@@ -103,11 +103,15 @@ def linear(x: np.ndarray, p: PackedWeight, act_group: int = 0) -> np.ndarray:
     return (x.astype(np.float64) @ dequantize(p).astype(np.float64).T).astype(np.float32)
 
 
-def linear_as_run(x: np.ndarray, p: PackedWeight, prompt: bool = False) -> np.ndarray:
+def linear_as_run(x: np.ndarray, p: PackedWeight, prompt: bool = False,
+                  dynamic_int8: bool = False) -> np.ndarray:
     """`linear` with the activations the native kernels use for this many tokens on the active
-    ISA (kernels.linear with `prompt`): above the GEMV's limit, the integer GEMMs (AVX2, AVX-512)
-    quantize a prompt's x per group of columns for the weight-only formats."""
+    ISA (kernels.linear with `prompt`, `dynamic_int8`): above the GEMV's limit, the integer GEMMs
+    (AVX2, AVX-512) quantize a prompt's x per group of columns for the weight-only formats;
+    with `dynamic_int8`, weight-only int4 on AVX2 quantizes it per weight group at every T."""
     native = p.native()
+    if dynamic_int8 and native.group_int8_act_group > 0:
+        return linear(x, p, act_group=native.group_int8_act_group)
     gemm = prompt and len(x) > native.gemv_max_tokens
     return linear(x, p, act_group=max(native.int8_gemm_act_group, 0) if gemm else 0)
 

@@ -359,7 +359,7 @@ class DecoderModel:
         v_cache: np.ndarray,
         logit_rows: Sequence[int] | np.ndarray,
         prompt: bool = False,
-        prompt_int8: bool = True,
+        dynamic_int8: bool = True,
     ) -> np.ndarray:
         """Run a flat batch of T tokens through the model.
 
@@ -368,8 +368,8 @@ class DecoderModel:
         order.
         k_cache, v_cache: (layers, slots, kv_heads, capacity, head_dim), written in place.
         logit_rows: indices into the T tokens whose logits are returned -> (len(logit_rows), vocab).
-        prompt, prompt_int8: the tokens are prompt chunks (the native model may then run its
-        prompt kernels: blocked attention and, with prompt_int8, the int8 GEMM on quantized
+        prompt, dynamic_int8: the tokens are prompt chunks (the native model may then run its
+        prompt kernels: blocked attention and, with dynamic_int8, the int8 GEMM on quantized
         activations; this one computes in fp32 either way).
         """
         a = self.args
