@@ -119,11 +119,6 @@ const float* PanelRows::rows(int64_t i, int64_t n, float* buf) const {
   return buf;
 }
 
-// The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd, int8 maddubs for int4):
-// activations as integer codes (W8A8 / W4A8: the GEMV's per-token int8; weight-only prompts:
-// quantized per group of columns, int_gemm_act_group), in parallel over tokens, once for every
-// weight of the same width and activation group (q/k/v, gate/up), then the GEMM of each weight
-// in parallel over units of rows.
 // Whether a weight-only weight's GEMV runs on x quantized per weight group.
 static bool group_int8(const Weight& w, const Gemv& gemv, const LinearScratch& s) {
   return s.group_int8 && !w.act_int8 && gemv.group_int8;
@@ -133,6 +128,11 @@ int64_t group_int8_act_group(const Weight& w) {
   return !w.act_int8 && pick_gemv(w).group_int8 ? w.group : -1;
 }
 
+// The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd, int8 maddubs for int4):
+// activations as integer codes (W8A8 / W4A8: the GEMV's per-token int8; weight-only prompts,
+// and under group_int8 every T: quantized per group of columns, int_gemm_act_group), in
+// parallel over tokens, once for every weight of the same width and activation group (q/k/v,
+// gate/up), then the GEMM of each weight in parallel over units of rows.
 static bool int_gemm_takes(const Weight& w, const LinearScratch& s) {
   return int_gemm_act_group(w) >= 0 && (w.act_int8 || s.prompt || group_int8(w, pick_gemv(w), s));
 }
