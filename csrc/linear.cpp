@@ -47,7 +47,7 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
   grow(gsum, size_t(kMaxMulti * T * kp / 32));
   if (use_avx512()) grow(xu, size_t(T * kp));  // the integer codes this ISA multiplies
   else if (use_avx2()) grow(xw, size_t(T * kp));
-  grow(xgscale, size_t(kMaxMulti * T * kp / 32));
+  grow(xgscale, size_t(T * kp / 32));
 }
 
 // Below this many weight x token products a parallel region costs more than it saves (fork/join
@@ -119,13 +119,13 @@ const float* PanelRows::rows(int64_t i, int64_t n, float* buf) const {
   return buf;
 }
 
-// Whether a weight-only weight's GEMV runs on x quantized per weight group.
-static bool group_int8(const Weight& w, const Gemv& gemv, const LinearScratch& s) {
-  return s.group_int8 && !w.act_int8 && gemv.group_int8;
-}
-
 int64_t group_int8_act_group(const Weight& w) {
   return !w.act_int8 && pick_gemv(w).group_int8 ? w.group : -1;
+}
+
+// Whether a weight-only weight's GEMV runs on x quantized per weight group.
+static bool group_int8(const Weight& w, const LinearScratch& s) {
+  return s.group_int8 && group_int8_act_group(w) > 0;
 }
 
 // The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd, int8 maddubs for int4):
@@ -134,7 +134,7 @@ int64_t group_int8_act_group(const Weight& w) {
 // parallel over tokens, once for every weight of the same width and activation group (q/k/v,
 // gate/up), then the GEMM of each weight in parallel over units of rows.
 static bool int_gemm_takes(const Weight& w, const LinearScratch& s) {
-  return int_gemm_act_group(w) >= 0 && (w.act_int8 || s.prompt || group_int8(w, pick_gemv(w), s));
+  return int_gemm_act_group(w) >= 0 && (w.act_int8 || s.prompt || group_int8(w, s));
 }
 
 // The activations of weights ws[0 .. n), which share them (the same int_gemm_act_group).
@@ -220,6 +220,8 @@ static void group_int8_acts(const Weight* const* ws, Acts* acts, int i, LinearSc
     }
   const int64_t T = a.T, kp = w.kp, ng = kp / w.group;
   if (s.xgq.size() < size_t(kMaxMulti * T * kp)) s.xgq.resize(size_t(kMaxMulti * T * kp));
+  if (s.xgscale.size() < size_t(kMaxMulti * T * kp / 32))
+    s.xgscale.resize(size_t(kMaxMulti * T * kp / 32));
   int8_t* q = s.xgq.data() + i * T * kp;
   float* xs = s.xgscale.data() + i * T * (kp / 32);
   float* gs = s.gsum.data() + i * T * (kp / 32);
@@ -258,7 +260,7 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
     a.xw = s.xw.data();
     const Gemv& gemv = pick_gemv(w);
     fns[i] = gemv.fn;
-    if (group_int8(w, gemv, s)) {
+    if (group_int8(w, s)) {
       fns[i] = gemv.group_int8;
       group_int8_acts(ws, acts, i, s);
       continue;

@@ -20,8 +20,9 @@ struct LinearScratch {
                                 // (the AVX2 int4 GEMM: (T, kp/32), of xq per 32 columns)
   AlignedVector<uint8_t> xu;    // (T, kp) int8 GEMM activations + 128 (GemmActs, AVX-512)
   AlignedVector<int16_t> xw;    // (T, kp) int16 GEMM activations (GemmActs, AVX2)
-  AlignedVector<float> xgscale; // (kMaxMulti, T, kp/32) their scales per group (weight-only)
-  AlignedVector<int8_t> xgq;    // (kMaxMulti, T, kp) x's codes per weight group (group_int8)
+  AlignedVector<float> xgscale; // (T, kp/32) their scales per group (weight-only formats);
+                                // group_int8's GEMV: (kMaxMulti, T, kp/32), sized on first use
+  AlignedVector<int8_t> xgq;    // (kMaxMulti, T, kp) its codes (sized on first use)
   AlignedVector<float> xt;      // x k-major in token tiles (transpose_tokens; sized on first use)
   // A prompt chunk: above the GEMV's limit, weight-only int4 may quantize activations for the
   // integer GEMM. Off (batched decode, speculative verification), it takes the fp32 GEMM,
