@@ -239,6 +239,8 @@ void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float
 // Weight-only int4 on x quantized per weight group (xq, xgscale; gsum: each group's code sum
 // times its scale): the W4A8 kernel with per-group activation scales (Gemv::group_int8).
 void gemv_i4_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+// Weight-only int8 on x quantized per 32 columns (Gemv::group_int8).
+void gemv_i8_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out);
 void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
 }  // namespace avx2
@@ -365,7 +367,8 @@ inline constexpr FmtTraits kFmtTraits[] = {
    {{scalar::gemv_bf16}, {avx2::gemv_bf16}, {}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_bf16},
   {Fmt::I8, "I8", 8, false, Sparsity::Dense, false, false,
-   {{scalar::gemv_i8}, {avx2::gemv_i8}, {avx512::gemv_i8}, kGemvMaxTokensF32}, {},
+   {{scalar::gemv_i8}, {avx2::gemv_i8, !kGroupSums, !kInt16Codes, avx2::gemv_i8_xg},
+    {avx512::gemv_i8}, kGemvMaxTokensF32}, {},
    scalar::decode_rows_i8},
   {Fmt::I4, "I4", 4, false, Sparsity::Dense, true, true,
    {{scalar::gemv_i4, kGroupSums}, {avx2::gemv_i4, kGroupSums, !kInt16Codes, avx2::gemv_i4_xg},

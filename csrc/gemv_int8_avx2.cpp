@@ -37,6 +37,43 @@ void gemv_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
   }, [&w](int64_t r) { return w.scale[r]; });
 }
 
+// Weight-only int8 on x quantized per 32 columns (Gemv::group_int8: quantize_groups' codes,
+// Acts::xgscale), as llama.cpp multiplies Q8_0 by Q8_0 activations: 32 byte products per
+// vpmaddubsw, where gemv_i8 widens each weight to fp32 (W8A16, 4 FMAs per 32 weights). The codes
+// lie in [-127, 127], so the sign trick is exact here: |w| (128 for -128) as unsigned bytes times
+// x with w's sign, pair sums at most 2 * 128 * 127 < 2^15. Each group's int32 dot is scaled by
+// x's group scale into fp32, even and odd groups in their own accumulators (an FMA's latency
+// per group otherwise), and the row's sum by the weight's scale. 4 tokens per tile.
+void gemv_i8_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int8_t* W = static_cast<const int8_t*>(w.data);
+  const int64_t kp = w.kp, ng = kp / 32;  // kp: a multiple of 64, so ng is even
+  const bool prefetch_one = prefetch_single_stream();  // at T == 1 too (tiles.h)
+  for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
+    constexpr int NT = decltype(nt)::value;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t* row = W + r * kp;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g += 2) {
+      if (NT > 1 || prefetch_one) prefetch_ahead(row + 32 * g);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * (g + h)));
+        const __m256i wabs = _mm256_abs_epi8(wv);
+        for (int t = 0; t < NT; ++t) {
+          const int64_t tg = (t0 + t) * ng + g + h;
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * tg));
+          const __m256i dot =
+              _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(x, wv)), ones);
+          acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(a.xgscale + tg),
+                                      acc[t][h]);
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = hsum(_mm256_add_ps(acc[t][0], acc[t][1])) * w.scale[r];
+  });
+}
+
 // W8A8 over the 16-row blocks of Fmt::I8_R16 (common.h): per 4 columns, the block's 64 bytes
 // (rows 0-15 x 4 columns) are widened to four int16 vectors of 4 rows each, once per tile; each
 // token of the tile broadcasts its 4 activations (as int16) and costs 4 x (madd, add), exact

@@ -120,7 +120,8 @@ const float* PanelRows::rows(int64_t i, int64_t n, float* buf) const {
 }
 
 int64_t group_int8_act_group(const Weight& w) {
-  return !w.act_int8 && pick_gemv(w).group_int8 ? w.group : -1;
+  if (w.act_int8 || !pick_gemv(w).group_int8) return -1;
+  return fmt_traits(w.fmt).grouped ? w.group : 32;  // int8: per 32 columns, as Q8_0
 }
 
 // Whether a weight-only weight's GEMV runs on x quantized per weight group.
@@ -207,18 +208,21 @@ static void sparse_f32_gemm(const Weight& w, const float* x, int64_t T, int64_t 
                });
 }
 
-// Weight i's activations for its Gemv::group_int8 kernel: x (acts[i].x) quantized per weight
-// group (xq, xgscale) and each group's code sum times its scale (gsum, the zero-point term),
-// or those of an earlier weight with the same group.
+// Weight i's activations for its Gemv::group_int8 kernel: x (acts[i].x) quantized per
+// group_int8_act_group columns (xq, xgscale) and, for kernels with a zero-point term
+// (Gemv::group_sums), each group's code sum times its scale (gsum); or those of an earlier
+// weight with the same group.
 static void group_int8_acts(const Weight* const* ws, Acts* acts, int i, LinearScratch& s) {
   const Weight& w = *ws[i];
+  const int64_t group = group_int8_act_group(w);
   Acts& a = acts[i];
   for (int j = 0; j < i; ++j)
-    if (acts[j].xgscale && ws[j]->group == w.group) {
+    if (acts[j].xgscale && group_int8_act_group(*ws[j]) == group &&
+        (acts[j].gsum || !pick_gemv(w).group_sums)) {
       a.xq = acts[j].xq, a.xgscale = acts[j].xgscale, a.gsum = acts[j].gsum;
       return;
     }
-  const int64_t T = a.T, kp = w.kp, ng = kp / w.group;
+  const int64_t T = a.T, kp = w.kp, ng = kp / group;
   if (s.xgq.size() < size_t(kMaxMulti * T * kp)) s.xgq.resize(size_t(kMaxMulti * T * kp));
   if (s.xgscale.size() < size_t(kMaxMulti * T * kp / 32))
     s.xgscale.resize(size_t(kMaxMulti * T * kp / 32));
@@ -226,10 +230,12 @@ static void group_int8_acts(const Weight* const* ws, Acts* acts, int i, LinearSc
   float* xs = s.xgscale.data() + i * T * (kp / 32);
   float* gs = s.gsum.data() + i * T * (kp / 32);
   for (int64_t t = 0; t < T; ++t)
-    avx2::quantize_groups(a.x + t * kp, kp, w.group, q + t * kp, xs + t * ng);
-  group_sums(q, T, kp, w.group, gs);
+    avx2::quantize_groups(a.x + t * kp, kp, group, q + t * kp, xs + t * ng);
+  a.xq = q, a.xgscale = xs, a.gsum = nullptr;
+  if (!pick_gemv(w).group_sums) return;
+  group_sums(q, T, kp, group, gs);
   for (int64_t k = 0; k < T * ng; ++k) gs[k] *= xs[k];
-  a.xq = q, a.xgscale = xs, a.gsum = gs;
+  a.gsum = gs;
 }
 
 // The GEMV path for n weights with the same padded width: activations prepared once, then one
@@ -298,10 +304,18 @@ static void gemv_multi(const Weight* const* ws, float* const* ys, const int64_t*
   });
 }
 
+// Whether the GEMV serves T tokens: up to its limit, and at every T outside a prompt where it
+// quantizes x per group of columns (group_int8) and no integer GEMM takes the same codes (AVX2
+// weight-only int8): batched decode and speculative verification then give each token its
+// one-token bits, where the fp32 GEMM's would differ by x's quantization.
+static bool gemv_takes(const Weight& w, int64_t T, const LinearScratch& s) {
+  return T <= gemv_max_tokens(w) || (group_int8(w, s) && !s.prompt && int_gemm_act_group(w) < 0);
+}
+
 void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
             LinearScratch& s) {
   const Weight* ws[1] = {&w};
-  if (T <= gemv_max_tokens(w)) {
+  if (gemv_takes(w, T, s)) {
     float* ys[1] = {y};
     gemv_multi(ws, ys, &ldy, 1, x, T, ldx, s);
     return;
@@ -316,16 +330,16 @@ void linear(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y, i
 void linear_multi(const Weight* const* ws, float* const* ys, int n, const float* x, int64_t T,
                   int64_t ldx, LinearScratch& s) {
   if (n < 1 || n > kMaxMulti) throw std::invalid_argument("linear_multi: 1..4 weights");
-  bool same_kp = true;
-  int64_t ldys[kMaxMulti], limit = gemv_max_tokens(*ws[0]);
+  bool same_kp = true, gemv = true;
+  int64_t ldys[kMaxMulti];
   for (int i = 0; i < n; ++i) {
-    limit = std::min(limit, gemv_max_tokens(*ws[i]));
+    gemv &= gemv_takes(*ws[i], T, s);
     if (ws[i]->cols != ws[0]->cols)
       throw std::invalid_argument("linear_multi: input widths differ");
     same_kp &= ws[i]->kp == ws[0]->kp;  // differs only for mixed int4 group sizes
     ldys[i] = ws[i]->rows;
   }
-  if (T <= limit && same_kp) {
+  if (gemv && same_kp) {
     gemv_multi(ws, ys, ldys, n, x, T, ldx, s);
     return;
   }

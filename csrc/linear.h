@@ -29,10 +29,11 @@ struct LinearScratch {
   // whose results differ from the GEMV's by rounding only, so verified tokens are the ones
   // decode would pick.
   bool prompt = false;
-  // Weight-only formats with a GEMV on x quantized per weight group (Gemv::group_int8: dense
-  // int4 on AVX2) quantize it at every T, as llama.cpp and OpenVINO do: decode and speculative
-  // verification too, then the integer GEMM above the GEMV's limit (results differing from
-  // the GEMV's by rounding only, as for W4A8).
+  // Weight-only formats with a GEMV on x quantized per group of columns (Gemv::group_int8,
+  // AVX2: dense int4 per weight group, int8 per 32 columns) quantize it for decode and
+  // speculative verification too, as llama.cpp and OpenVINO do. Above the GEMV's limit int4
+  // takes the integer GEMM on the same codes (results differing from the GEMV's by rounding
+  // only, as for W4A8); int8 keeps the fp32 GEMM of its prompts.
   bool group_int8 = false;
   void reserve(int64_t T, int64_t kp);
 };
@@ -50,7 +51,7 @@ constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one 
 // overrides it for measurements, 0 restores the defaults.
 int64_t gemv_max_tokens(const Weight& w);
 // Under LinearScratch::group_int8 on the active ISA: the columns per activation scale of this
-// weight at every T (its group, where its GEMV has a Gemv::group_int8 kernel), else -1.
+// weight's GEMV (where it has a Gemv::group_int8 kernel: int4's group, int8's 32), else -1.
 int64_t group_int8_act_group(const Weight& w);
 void set_gemv_max_tokens(int64_t n);
 

@@ -80,7 +80,7 @@ class NativeModel {
   // kernels: attention in blocks of queries (AttnShape::prompt) and, with dynamic_int8, the int8
   // GEMM on quantized activations for weight-only formats (LinearScratch::prompt).
   // dynamic_int8 also lets weight-only GEMVs with a Gemv::group_int8 kernel quantize x per
-  // weight group at every T (LinearScratch::group_int8).
+  // group of columns in decode (LinearScratch::group_int8).
   // Throws std::out_of_range on bad ids / positions / slots.
   void forward(const int64_t* tokens, const int64_t* slots, const int64_t* positions, int64_t T,
                const KVCache& cache, const int64_t* logit_rows, int64_t R, float* out_logits,

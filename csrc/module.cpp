@@ -316,8 +316,9 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly(
           "group_int8_act_group",
           [](const PyWeight& p) -> int64_t { return group_int8_act_group(p.w); },
-          "With dynamic_int8, on the active ISA: > 0 if this weight-only weight quantizes x per "
-          "this many columns at every T (its GEMV's group_int8 kernel), else -1");
+          "With dynamic_int8, on the active ISA: > 0 if this weight-only weight's GEMV quantizes "
+          "x per this many columns (its group_int8 kernel), else -1; above gemv_max_tokens, "
+          "where it equals int8_gemm_act_group, the integer GEMM does too");
 
   m.def(
       "linear",

@@ -108,11 +108,15 @@ def linear_as_run(x: np.ndarray, p: PackedWeight, prompt: bool = False,
     """`linear` with the activations the native kernels use for this many tokens on the active
     ISA (kernels.linear with `prompt`, `dynamic_int8`): above the GEMV's limit, the integer GEMMs
     (AVX2, AVX-512) quantize a prompt's x per group of columns for the weight-only formats;
-    with `dynamic_int8`, weight-only int4 on AVX2 quantizes it per weight group at every T."""
+    with `dynamic_int8` on AVX2, weight-only int4's GEMV and GEMM quantize it per weight group at
+    every T, weight-only int8's GEMV per 32 columns at every T but a prompt's above the GEMV's
+    limit (the fp32 GEMM)."""
     native = p.native()
-    if dynamic_int8 and native.group_int8_act_group > 0:
-        return linear(x, p, act_group=native.group_int8_act_group)
-    gemm = prompt and len(x) > native.gemv_max_tokens
+    gemv = len(x) <= native.gemv_max_tokens
+    group = native.group_int8_act_group
+    if dynamic_int8 and group > 0 and (gemv or not prompt or native.int8_gemm_act_group == group):
+        return linear(x, p, act_group=group)
+    gemm = prompt and not gemv
     return linear(x, p, act_group=max(native.int8_gemm_act_group, 0) if gemm else 0)
 
 
