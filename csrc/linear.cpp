@@ -124,7 +124,7 @@ int64_t group_int8_act_group(const Weight& w) {
   return fmt_traits(w.fmt).grouped ? w.group : 32;  // int8: per 32 columns, as Q8_0
 }
 
-// Whether a weight-only weight's GEMV runs on x quantized per weight group.
+// Whether a weight-only weight's GEMV runs on x quantized per group of columns.
 static bool group_int8(const Weight& w, const LinearScratch& s) {
   return s.group_int8 && group_int8_act_group(w) > 0;
 }
