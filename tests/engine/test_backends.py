@@ -62,7 +62,7 @@ def test_native_equals_numpy_reference(tiny, token_ids, fmt):
 
 @pytest.mark.parametrize("fmt", ["2:4_int8", "2:4_int8_a8", "sparse_int8_a8", "int8_a8",
                                  "int4_g32_a8", "int4_g32", "int4_g128_asym",
-                                 "sparse_int4_g32"])
+                                 "sparse_int4_g32", "int8"])
 def test_activation_quantized_and_2_4_formats_track_the_reference(tiny, token_ids, fmt):
     model = _pruned_2_4(tiny) if fmt.startswith("2:4") else tiny
     ids = token_ids(40, seed=2)
@@ -73,7 +73,8 @@ def test_activation_quantized_and_2_4_formats_track_the_reference(tiny, token_id
                         16, forced=tokens)
         np.testing.assert_allclose(le, lb, atol=2e-4 * np.abs(lb).max())
     # int8 activations (dynamic, per token; for a weight-only format's prompt, and dense int4's
-    # decode on AVX2, per group of columns) perturb the logits; the NumPy twin keeps fp32 ones.
+    # and int8's decode on AVX2, per group of columns) perturb the logits; the NumPy twin keeps
+    # fp32 ones.
     # Compare what matters: the relative error is small and the predictions mostly agree.
     err = np.linalg.norm(la - lb, axis=-1) / np.linalg.norm(lb, axis=-1)
     assert err.mean() < 0.05, err.mean()
