@@ -215,10 +215,10 @@ static void sparse_f32_gemm(const Weight& w, const float* x, int64_t T, int64_t 
 static void group_int8_acts(const Weight* const* ws, Acts* acts, int i, LinearScratch& s) {
   const Weight& w = *ws[i];
   const int64_t group = group_int8_act_group(w);
+  const bool sums = pick_gemv(w).group_sums;
   Acts& a = acts[i];
   for (int j = 0; j < i; ++j)
-    if (acts[j].xgscale && group_int8_act_group(*ws[j]) == group &&
-        (acts[j].gsum || !pick_gemv(w).group_sums)) {
+    if (acts[j].xgscale && group_int8_act_group(*ws[j]) == group && (acts[j].gsum || !sums)) {
       a.xq = acts[j].xq, a.xgscale = acts[j].xgscale, a.gsum = acts[j].gsum;
       return;
     }
@@ -228,11 +228,11 @@ static void group_int8_acts(const Weight* const* ws, Acts* acts, int i, LinearSc
     s.xgscale.resize(size_t(kMaxMulti * T * kp / 32));
   int8_t* q = s.xgq.data() + i * T * kp;
   float* xs = s.xgscale.data() + i * T * (kp / 32);
-  float* gs = s.gsum.data() + i * T * (kp / 32);
   for (int64_t t = 0; t < T; ++t)
     avx2::quantize_groups(a.x + t * kp, kp, group, q + t * kp, xs + t * ng);
   a.xq = q, a.xgscale = xs, a.gsum = nullptr;
-  if (!pick_gemv(w).group_sums) return;
+  if (!sums) return;
+  float* gs = s.gsum.data() + i * T * (kp / 32);
   group_sums(q, T, kp, group, gs);
   for (int64_t k = 0; k < T * ng; ++k) gs[k] *= xs[k];
   a.gsum = gs;

@@ -25,9 +25,9 @@ struct LinearScratch {
   AlignedVector<int8_t> xgq;    // (kMaxMulti, T, kp) its codes (sized on first use)
   AlignedVector<float> xt;      // x k-major in token tiles (transpose_tokens; sized on first use)
   // A prompt chunk: above the GEMV's limit, weight-only int4 may quantize activations for the
-  // integer GEMM. Off (batched decode, speculative verification), it takes the fp32 GEMM,
-  // whose results differ from the GEMV's by rounding only, so verified tokens are the ones
-  // decode would pick.
+  // integer GEMM. Off (batched decode, speculative verification), it takes the fp32 GEMM
+  // (under group_int8 below: the GEMV or the integer GEMM on the GEMV's codes), whose results
+  // differ from the GEMV's by rounding only, so verified tokens are the ones decode would pick.
   bool prompt = false;
   // Weight-only formats with a GEMV on x quantized per group of columns (Gemv::group_int8,
   // AVX2: dense int4 per weight group, int8 per 32 columns) quantize it for decode and
