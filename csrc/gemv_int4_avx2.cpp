@@ -84,60 +84,132 @@ void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, 
   with_group(w.group, [&](auto g) { i4_rows<decltype(g)::value>(w, a, y, ldy, r0, r1); });
 }
 
-// W4A8: unsigned nibbles x signed int8 activations is exactly what maddubs multiplies
-// (pair sums <= 2*15*127, no saturation): ~10 instructions per 32 weights instead of ~18.
-// The nibbles of a block are unpacked once for all tokens of the tile. GroupX: weight-only
-// int4 with x quantized per weight group (Gemv::group_int8): each group's dot is scaled by
-// the weight's and x's group scales (Acts::xgscale), where W8A8's per-token scale multiplies
-// the row's sum once; a.gsum then holds each group's code sum times its scale.
+// W4A8: unsigned nibbles x signed int8 activations is exactly what maddubs multiplies (pair
+// sums <= 2 * 15 * 128, no saturation). GroupX: weight-only int4 with x quantized per weight
+// group (Gemv::group_int8): each group's dot is scaled by the weight's and x's group scales
+// (Acts::xgscale), where W8A8's per-token scale multiplies the row's sum once; a.gsum then holds
+// each group's code sum times its scale.
+//
+// A step takes two 16-byte blocks (64 columns) with one 32-byte load: its low nibbles are
+// columns 0..15 of both blocks, its high nibbles columns 16..31, so x is first laid out in that
+// order once per call (pair_codes), and a step is one load, three ops to split the nibbles and
+// two maddubs, with no lane crossing. The int16 sums of the two maddubs (<= 4 * 15 * 128) go to
+// int32 by one madd: lanes 0..3 hold the first block's dot, 4..7 the second's. 32-column groups
+// then join four steps by two levels of hadd, one group per lane, so that one convert and one
+// FMA scale 8 groups; larger groups sum their steps as int32, then convert and scale once. The
+// convert and FMA of every group, and the insert joining a block's nibble halves, were what kept
+// a block at a time from the memory's speed at T == 1. The tokens of a tile share each step's
+// nibbles.
+// Codes (T, kp) in natural order -> per 64 columns [0..15, 32..47, 16..31, 48..63] (the order
+// of a step's low then high nibbles), in a per-thread buffer.
+static const int8_t* pair_codes(const int8_t* xq, int64_t T, int64_t kp) {
+  thread_local AlignedVector<int8_t> buf;
+  if (buf.size() < size_t(T * kp)) buf.resize(size_t(T * kp));
+  for (int64_t i = 0; i < T * kp; i += 64) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i + 32));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(buf.data() + i),
+                       _mm256_permute2x128_si256(a, b, 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(buf.data() + i + 32),
+                       _mm256_permute2x128_si256(a, b, 0x31));
+  }
+  return buf.data();
+}
+
 template <int G, bool GroupX>
 static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                       int64_t r1) {
+  static_assert(G % 32 == 0, "int4 groups are multiples of 32 columns");
   const uint8_t* W = static_cast<const uint8_t*>(w.data);
-  constexpr int64_t bpg = G / 32;
-  const int64_t kp = w.kp, ng = kp / G;
+  const int64_t kp = w.kp, ng = kp / G;  // kp: a multiple of 64 and of G
+  const int8_t* xp = pair_codes(a.xq, a.T, kp);
   const bool prefetch_one = prefetch_single_stream();  // at T == 1 too (tiles.h)
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
     constexpr int NT = decltype(nt)::value;
-    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* row = W + r * (kp / 2);
     const float* sc = w.scale + r * ng;
-    // Even and odd groups have their own accumulators: with one FMA chain, a group (32 weights
-    // at g32) took at least its latency, 4 cycles on Zen 3 (hot 4.3 -> 3.9 cycles per 32
-    // weights at T == 1; TinyLlama-1.1B decode 1.06x). For every T: a token's sum must not
-    // depend on its tile.
-    __m256 acc[NT], acc1[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = acc1[t] = _mm256_setzero_ps();
-    const auto group = [&](int64_t g, __m256* sums) {  // acc or acc1
-      __m256i gi[NT];
-      for (int t = 0; t < NT; ++t) gi[t] = _mm256_setzero_si256();
-      for (int64_t b = 0; b < bpg; ++b) {
-        const int64_t blk = g * bpg + b;
-        if (blk % 4 == 0 && (NT > 1 || prefetch_one)) prefetch_ahead(row + blk * 16);
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + blk * 16));
-        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4),
-                                           _mm_and_si128(raw, low4));
-        for (int t = 0; t < NT; ++t) {
-          const __m256i x = _mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(a.xq + (t0 + t) * kp + blk * 32));
-          gi[t] = _mm256_add_epi32(gi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), ones));
-        }
-      }
+    // The step's int32 dots (lanes 0..3: its first block, 4..7: its second) for each token.
+    const auto step = [&](int64_t k, __m256i* dot) {  // k: the step's first column
+      if (k % 128 == 0 && (NT > 1 || prefetch_one)) prefetch_ahead(row + k / 2);  // a line
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k / 2));
+      const __m256i lo = _mm256_and_si256(raw, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
       for (int t = 0; t < NT; ++t) {
-        const float s = GroupX ? sc[g] * a.xgscale[(t0 + t) * ng + g] : sc[g];
-        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(gi[t]), _mm256_set1_ps(s), sums[t]);
+        const __m256i* x = reinterpret_cast<const __m256i*>(xp + (t0 + t) * kp + k);
+        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256(x)),
+                                             _mm256_maddubs_epi16(hi, _mm256_load_si256(x + 1)));
+        dot[t] = _mm256_madd_epi16(s16, ones);
       }
     };
-    int64_t g = 0;
-    for (; g + 2 <= ng; g += 2) {
-      group(g, acc);
-      group(g + 1, acc1);
+    // A group's (or, with 32-column groups, two groups') scale for token t.
+    const auto scale = [&](int64_t g, int t) {
+      if constexpr (G == 32) {
+        __m128 s = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sc + g)));
+        if constexpr (GroupX)
+          s = _mm_mul_ps(s, _mm_castpd_ps(_mm_load_sd(
+                                reinterpret_cast<const double*>(a.xgscale + (t0 + t) * ng + g))));
+        return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s),
+                                        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+      } else {
+        return _mm256_set1_ps(GroupX ? sc[g] * a.xgscale[(t0 + t) * ng + g] : sc[g]);
+      }
+    };
+    // Two accumulators per token, for even and odd steps (with 32-column groups) or groups.
+    __m256 acc0[NT], acc1[NT];
+    for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
+    const auto add = [&](int64_t g, const __m256i* dot, __m256* sums) {  // acc0 or acc1
+      for (int t = 0; t < NT; ++t)
+        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale(g, t), sums[t]);
+    };
+    if constexpr (G == 32) {
+      // Four steps (8 groups) at once: two levels of hadd leave each group's dot in one lane
+      // (lanes 0..3: groups 0, 2, 4, 6; 4..7: 1, 3, 5, 7), converted and scaled by one FMA
+      // with the 8 scales in that order. The last < 8 groups go a step at a time.
+      const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+      int64_t g = 0;
+      for (; g + 8 <= ng; g += 8) {
+        __m256i h[2][NT];
+        for (int j = 0; j < 2; ++j) {
+          __m256i da[NT], db[NT];
+          step(32 * (g + 4 * j), da);
+          step(32 * (g + 4 * j + 2), db);
+          for (int t = 0; t < NT; ++t) h[j][t] = _mm256_hadd_epi32(da[t], db[t]);
+        }
+        for (int t = 0; t < NT; ++t) {
+          const __m256i dots = _mm256_hadd_epi32(h[0][t], h[1][t]);
+          __m256 s = _mm256_loadu_ps(sc + g);
+          if constexpr (GroupX) s = _mm256_mul_ps(s, _mm256_loadu_ps(a.xgscale + (t0 + t) * ng + g));
+          acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_permutevar8x32_ps(s, order),
+                                    acc0[t]);
+        }
+      }
+      for (; g < ng; g += 2) {  // two groups per step; kp: a multiple of 64
+        __m256i dot[NT];
+        step(32 * g, dot);
+        add(g, dot, acc1);
+      }
+    } else {
+      const auto group = [&](int64_t g, __m256* sums) {
+        __m256i gi[NT];
+        step(g * G, gi);
+        for (int64_t k = g * G + 64; k < (g + 1) * G; k += 64) {
+          __m256i dot[NT];
+          step(k, dot);
+          for (int t = 0; t < NT; ++t) gi[t] = _mm256_add_epi32(gi[t], dot[t]);
+        }
+        add(g, gi, sums);
+      };
+      for (int64_t g = 0; g < ng; g += 2) {
+        group(g, acc0);
+        if (g + 1 < ng) group(g + 1, acc1);
+      }
     }
-    if (g < ng) group(g, acc);
     for (int t = 0; t < NT; ++t)
       y[(t0 + t) * ldy + r] =
-          (hsum(_mm256_add_ps(acc[t], acc1[t])) - zero_point_term(w, r, a.gsum + (t0 + t) * ng)) *
+          (hsum(_mm256_add_ps(acc0[t], acc1[t])) -
+           zero_point_term(w, r, a.gsum + (t0 + t) * ng)) *
           (GroupX ? 1.f : a.xscale[t0 + t]);
   });
 }
