@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -26,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from random_checkpoint import SHAPES, hf_folder
+from records import write_record
 
 CHILD = r"""
 import json, sys, time
@@ -84,7 +86,7 @@ def main() -> None:
     p.add_argument("--scratch", type=Path, default=Path("scratch/bench"))
     p.add_argument("--json", type=Path, default=None, help="also write every run here")
     args = p.parse_args()
-    rows, runs = [], []
+    rows, runs, records = [], [], []
     print("| shape | weights | weights GB | first load s | cached load s | resident GB | "
           "peak GB | first token s | decode tok/s |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -113,8 +115,24 @@ def main() -> None:
                 f"{spread([c['first_token_s'] for c in cached], 2)} | "
                 f"{spread([c['decode_tok_s'] for c in cached])} |")
             print(rows[-1], flush=True)
+            def med(key: str, cached: list[dict] = cached) -> float:
+                return statistics.median(c[key] for c in cached)
+
+            records.append({"shape": shape, "weights": fmt, "formats": first["formats"],
+                            "weights_gb": first["weights_gb"], "first_load_s": first["load_s"],
+                            "cached_load_s": med("load_s") if converted else None,
+                            "resident_gb": med("resident_gb"),
+                            "peak_gb": statistics.median([first["peak_gb"]] +
+                                                         [c["peak_gb"] for c in cached]),
+                            "first_token_s": med("first_token_s"),
+                            "decode_tok_s": med("decode_tok_s"),
+                            "runs": {"first": first, "cached": cached}})
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
+    if records:
+        path = write_record("model_sizes", records, argv=sys.argv, threads=os.cpu_count() or 1,
+                            extra={"processes": args.processes, "tokens": args.tokens})
+        print(f"record: {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import sys
 import time
 
 import httpx
+from records import write_record
 
 from sparsellm.server.loadtest import LoadResult, run_load
 
@@ -120,11 +121,21 @@ def main() -> int:
           f"{args.max_tokens} tokens, {args.requests} requests, median of {args.rounds} rounds")
     print("| configuration | requests/s | tokens/s | latency p50 | latency p95 |")
     print("|---|---|---|---|---|")
+    rows = []
+    fields = ("requests_per_s", "tokens_per_s", "latency_p50", "latency_p95")
     for name, runs in results.items():
         def med(field: str, runs: list[LoadResult] = runs) -> float:
             return statistics.median(getattr(x, field) for x in runs)
         print(f"| {name} | {med('requests_per_s'):.2f} | {med('tokens_per_s'):.0f} | "
               f"{med('latency_p50'):.2f} s | {med('latency_p95'):.2f} s |")
+        rows.append({"configuration": name, "streamed": not args.no_stream,
+                     **{f: med(f) for f in fields},
+                     "rounds": [{f: getattr(x, f) for f in fields} for x in runs]})
+    path = write_record("ray_replicas", rows, argv=sys.argv, threads=args.cores,
+                        extra={"model": args.model, "rounds": args.rounds,
+                               "clients": args.clients, "requests": args.requests,
+                               "max_tokens": args.max_tokens})
+    print(f"record: {path}", file=sys.stderr)
     return 0
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 from random_checkpoint import hf_folder
+from records import write_record
 
 from sparsellm.kernels.formats import FORMATS, dense_twin, parse_format
 from sparsellm.kernels.layouts import Sparsity
@@ -95,11 +97,18 @@ def main() -> None:
           f"{args.rounds} interleaved rounds (fresh process each)\n")
     print("| sparse format | dense twin | prefill | sparse / dense | decode | sparse / dense |")
     print("|---|---|---|---|---|---|")
+    rows = []
     for fmt, _ in runs:
         s, d = (tuple(statistics.median(v) for v in zip(*results[f], strict=True))
                 for f in (fmt, dense_twin(fmt)))
         print(f"| {fmt} | {dense_twin(fmt)} | {s[0]:.0f} vs {d[0]:.0f} | {s[0] / d[0]:.2f}x | "
               f"{s[1]:.1f} vs {d[1]:.1f} | {s[1] / d[1]:.2f}x |")
+        rows.append({"shape": args.shape, "format": fmt, "dense_twin": dense_twin(fmt),
+                     "prefill_tok_s": s[0], "dense_prefill_tok_s": d[0],
+                     "decode_tok_s": s[1], "dense_decode_tok_s": d[1]})
+    record = write_record("sparse_vs_dense", rows, argv=sys.argv, threads=os.cpu_count() or 1,
+                          extra={"rounds": args.rounds, "shape": args.shape})
+    print(f"\nrecord: {record}", file=sys.stderr)
 
 
 if __name__ == "__main__":
