@@ -10,7 +10,7 @@ Reference figures (fp32, token-weighted perplexity of prompt + canonical_solutio
 - first 16 problems: 5.5425 over 2304 scored tokens (transformers 5.x + torch 2.13 on our token
   ids; sparsellm 5.542478, transformers 5.542478);
 - all 164 problems: transformers 5.036 on its own tokenization (llama.cpp F32 5.039; sparsellm
-  5.040, see the README's table; the tokenizers differ, see `_transformers_humaneval`).
+  5.040, see docs/testing.md; the tokenizers differ, see `_transformers_humaneval`).
 """
 
 from __future__ import annotations
