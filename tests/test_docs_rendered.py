@@ -15,14 +15,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}",
+                                                  ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[spec.name] = module  # a script, not a package module: a name of its own
     spec.loader.exec_module(module)
     return module
 
 
 render = _load("render")
+records = _load("records")
 
 
 def test_rendered_docs_are_up_to_date_with_the_records():
@@ -114,3 +116,18 @@ def test_the_readme_setup_commands_are_the_ones_ci_runs():
     assert test in (ROOT / ".ci" / "run").read_text().splitlines()
     assert len(readme.splitlines()) <= 220
     assert readme.index(render.BEGIN) < readme.index("## Setup")  # the result comes first
+
+
+def test_write_record_names_the_run_and_renders(tmp_path):
+    where = _record(1.0)["machine"]
+    rows = _record(25.0)["rows"]
+    path = records.write_record("peers", rows, argv=["benchmarks/peers.py", "--rounds", "3"],
+                                threads=2, machine_info=where, results=tmp_path,
+                                extra={"rounds": 3, "shape": "tinyllama-1.1b"})
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+    assert path.name.endswith(f"-peers-test-cpu-{records.git_commit()[0][:8]}.json")
+    (record,) = render.load(tmp_path)
+    assert_names_its_machine_and_commit(record)
+    assert record["command"] == ["peers.py", "--rounds", "3"] and record["rows"] == rows
+    headline = render.headline([record])
+    assert "| int4_g32 | 25.0 vs 20.0 (ik_llama.cpp Q4_0) | **1.25x** |" in headline
