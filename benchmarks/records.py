@@ -86,18 +86,25 @@ def git_commit() -> tuple[str, bool]:
     return head, dirty
 
 
+# The checkout when the benchmark script started (it imports this module first thing): the code
+# a run measures, even if commits land while it runs.
+RUN_COMMIT = git_commit()
+
+
 def write_record(benchmark: str, rows: list[dict], *, argv: list[str], threads: int,
                  machine_info: dict | None = None, extra: dict | None = None,
                  results: Path = RESULTS) -> Path:
     """Write one run's record atomically (temp file + rename) -> its path, named
-    <UTC date>-<benchmark>-<cpu>-<commit>.json."""
+    <UTC date>-<benchmark>-<cpu>-<commit>.json. The commit is the one the run started on."""
     now = datetime.datetime.now(datetime.UTC)
-    commit, dirty = git_commit()
+    commit, dirty = RUN_COMMIT
     where = machine_info or machine(threads)
     slug = re.sub(r"[^a-z0-9]+", "-", where["cpu"].lower()).strip("-")[:40]
     record = {"benchmark": benchmark, "date": now.isoformat(timespec="seconds"),
               "commit": commit, "dirty": dirty, "command": [Path(argv[0]).name, *argv[1:]],
               "machine": where, **(extra or {}), "rows": rows}
+    if (end := git_commit()[0]) != commit:
+        record["commit_at_end"] = end  # commits landed during the run
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"{now:%Y-%m-%dT%H%M}-{benchmark}-{slug}-{commit[:8]}.json"
     fd, tmp = tempfile.mkstemp(dir=results, prefix=".record-", suffix=".tmp")

@@ -125,7 +125,7 @@ def test_write_record_names_the_run_and_renders(tmp_path):
                                 threads=2, machine_info=where, results=tmp_path,
                                 extra={"rounds": 3, "shape": "tinyllama-1.1b"})
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
-    assert path.name.endswith(f"-peers-test-cpu-{records.git_commit()[0][:8]}.json")
+    assert path.name.endswith(f"-peers-test-cpu-{records.RUN_COMMIT[0][:8]}.json")
     (record,) = render.load(tmp_path)
     assert_names_its_machine_and_commit(record)
     assert record["command"] == ["peers.py", "--rounds", "3"] and record["rows"] == rows
