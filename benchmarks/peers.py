@@ -1,7 +1,8 @@
 """sparsellm beside its CPU peers on the same weights, one table per model shape.
 
     python benchmarks/peers.py --shape tinyllama-1.1b [--rounds 3] [--threads 2]
-        [--pairs bf16 int8 int8_a8 int4_g32 sparse_int8_a8] [--peers llamacpp openvino openvino-f32]
+        [--pairs bf16 int8 int8_a8 int4_g32 sparse_int8_a8 q4_k_m]
+        [--peers llamacpp ik_llama openvino openvino-f32] [--ik-dir /tmp/ik]
         [--openvino-python /tmp/ovenv/bin/python]
     python benchmarks/peers.py --shape smollm2-135m --pairs fp32 sparse_fp32 --peers deepsparse \
         --deepsparse-python /tmp/dsvenv/bin/python
@@ -9,15 +10,21 @@
 Per format pair (ours vs llama.cpp's: bf16 vs BF16, int8 and int8_a8 vs Q8_0, int4_g32 and
 int4_g32_a8 vs Q4_0 (which quantizes activations to int8 blocks, as int4_g32_a8 does per
 token), 50%-sparse int8_a8 vs the dense Q8_0, which is what a llama.cpp user of the pruned
-model runs, fp32 and sparse_fp32 vs F32) and per
-OpenVINO GenAI weight format (its defaults on this CPU: bf16 compute, u8 KV cache;
-openvino-f32: its strict fp32 mode), and DeepSparse 1.8 for fp32 and sparse_fp32 (fp32 on
-the dense folder and on the 50%-pruned one, whose zeros its sparse kernels skip): decode tok/s
-(64 greedy tokens after an 8-token prompt, as llama-bench's tg64), prefill tok/s of a 512-token
-prompt (pp512), time to first token of a 128-token prompt (best of 2, after a warm-up prompt of
-that length, as a server that has answered before), and the process's peak RSS. Every
+model runs (ik_llama.cpp: vs its Q4_0, the dense file of about the same bytes), fp32 and
+sparse_fp32 vs F32, and q4_k_m: a Q4_K_M GGUF made by ik_llama.cpp's quantizer from the BF16
+file, the same file in every system) and per OpenVINO GenAI weight format (its defaults on this
+CPU: bf16 compute, u8 KV cache; openvino-f32: its strict fp32 mode), and DeepSparse 1.8 for fp32
+and sparse_fp32 (fp32 on the dense folder and on the 50%-pruned one, whose zeros its sparse
+kernels skip): decode tok/s (64 greedy tokens after an 8-token prompt, as llama-bench's tg64),
+prefill tok/s of a 512-token prompt (pp512), time to first token of a 128-token prompt (best
+of 2, after a warm-up prompt of that length, as a server that has answered before), and the
+process's peak RSS. ik_llama.cpp runs as its users run it for speed: its llama-bench with
+run-time repacking into row-interleaved layouts and flash attention (`-rtr 1 -fa 1`), best of 2
+repetitions after its warm-up, pp128 (first token), pp512 and tg64 in one process. Every
 figure comes from a fresh process; rounds alternate systems (ours, peer, ours, peer...) and the
-table holds medians, so machine noise hits both sides alike.
+table holds medians, so machine noise hits both sides alike. The table's heading names the
+CPU, its ISA and its measured read bandwidth, and each run writes a record under
+benchmarks/results/ (benchmarks/records.py).
 
 Weights: random_checkpoint.py writes the HF folder (bf16) and its 50%-pruned twin once under
 --scratch (a folder already there is used as it is), then GGUF files of the same values: BF16,
@@ -29,6 +36,8 @@ converted model as the peers do.
 
 Setup, once, outside CI (peers are never sparsellm dependencies):
     pip install llama-cpp-python gguf                  # compiles llama.cpp, ~15 min on 2 cores
+    # ik_llama.cpp: fetch the public repository ikawrakow/ik_llama.cpp (a git dir), then
+    shared/bench/build_ik_llama.sh GIT_DIR /tmp/ik    # ~7 min; --ik-dir /tmp/ik
     python -m venv ovenv && ovenv/bin/pip install torch==2.13.0 openvino-genai optimum-intel
     ovenv/bin/pip uninstall -y torchvision   # pulled in at a build that does not fit torch
                                              # 2.13.0 ("torchvision::nms does not exist")
@@ -51,23 +60,28 @@ import sys
 from pathlib import Path
 
 from random_checkpoint import hf_folder, write_gguf
+from records import machine, write_record
 
 PROMPT, TTFT_PROMPT, DECODE, DECODE_PROMPT = 512, 128, 64, 8
 
-# our format -> (checkpoint variant, llama.cpp type, OpenVINO weight format)
+# our format -> (checkpoint variant, llama.cpp type, ik_llama.cpp type, OpenVINO weight format)
 PAIRS = {
-    "bf16": ("dense", "BF16", "fp16"),
-    "int8": ("dense", "Q8_0", "int8"),         # weight-only int8: `sparsellm generate`'s default
-    "int8_a8": ("dense", "Q8_0", "int8"),
-    "int4_g32": ("dense", "Q4_0", "int4"),
-    "int4_g32_a8": ("dense", "Q4_0", "int4"),
-    "sparse_int8_a8": ("sparse50", "Q8_0", None),
+    "bf16": ("dense", "BF16", "BF16", "fp16"),
+    "int8": ("dense", "Q8_0", "Q8_0", "int8"),  # weight-only int8: `sparsellm generate`'s default
+    "int8_a8": ("dense", "Q8_0", "Q8_0", "int8"),
+    "int4_g32": ("dense", "Q4_0", "Q4_0", "int4"),
+    "int4_g32_a8": ("dense", "Q4_0", "Q4_0", "int4"),
+    "sparse_int8_a8": ("sparse50", "Q8_0", "Q4_0", None),
+    # one GGUF file (ik_llama.cpp's quantizer, from the BF16 file) that every system runs as is
+    "q4_k_m": ("dense", "Q4_K_M", "Q4_K_M", None),
     # DeepSparse's pairs: it computes in fp32, on the pair's own folder, and skips the pruned
     # one's zeros (llama.cpp runs the dense F32 file for both).
-    "fp32": ("dense", "F32", None),
-    "sparse_fp32": ("sparse50", "F32", None),
+    "fp32": ("dense", "F32", None, None),
+    "sparse_fp32": ("sparse50", "F32", None, None),
 }
-DEEPSPARSE = {"fp32", "sparse_fp32"}  # not in the default --pairs (the README table's)
+GGUF_PAIRS = {"q4_k_m"}  # ours runs the peers' GGUF file at its own width, not a folder
+DEEPSPARSE = {"fp32", "sparse_fp32"}  # not in the default --pairs (the headline table's)
+PEERS = ["llamacpp", "ik_llama", "openvino", "openvino-f32", "deepsparse"]
 
 # Each child prints one JSON line: decode_tok_s, prefill_tok_s, ttft_s, peak_gb.
 COMMON = f"PROMPT, TTFT_PROMPT, DECODE, DECODE_PROMPT = {PROMPT}, {TTFT_PROMPT}, {DECODE}, " \
@@ -106,7 +120,8 @@ def report(runner):
 CHILDREN = {
     "sparsellm": COMMON + r"""
 from sparsellm.engine import Engine
-engine = Engine(path, sequence_length=PROMPT + DECODE + 8, weights=weights, num_cores=threads)
+engine = Engine(path, sequence_length=PROMPT + DECODE + 8, weights=weights or None,
+                num_cores=threads)
 class Runner:
     seq = None
     def first(self, ids):
@@ -150,6 +165,22 @@ tpot = min(generate(prompt(DECODE_PROMPT), DECODE + 1)[1] for _ in range(2))
 print(json.dumps({"decode_tok_s": 1 / tpot, "prefill_tok_s": PROMPT / prefill, "ttft_s": ttft,
                   "peak_gb": peak_gb()}))
 """,
+    # llama-bench: pp128 (first token), pp512 and tg64 in one process, best of its 2 repetitions
+    # (after its warm-up run); the peak RSS is llama-bench's, this process's only child.
+    "ik_llama": COMMON + r"""
+import os, resource, subprocess
+bench = os.path.join(sys.argv[5], "build", "bin", "llama-bench")
+proc = subprocess.Popen([bench, "-m", path, "-t", str(threads), "-rtr", "1", "-fa", "1", "-r", "2",
+                         "-p", f"{TTFT_PROMPT},{PROMPT}", "-n", str(DECODE), "-o", "json"],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+out, err = proc.communicate()
+if proc.returncode:
+    sys.exit(f"llama-bench failed: {err.strip().splitlines()[-1:]}")
+best = {(t["n_prompt"], t["n_gen"]): max(t["samples_ts"]) for t in json.loads(out)}
+print(json.dumps({"decode_tok_s": best[0, DECODE], "prefill_tok_s": best[PROMPT, 0],
+                  "ttft_s": TTFT_PROMPT / best[TTFT_PROMPT, 0],
+                  "peak_gb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6}))
+""",
     "deepsparse": COMMON + r"""
 import os
 os.environ["NM_DISABLE_ANALYTICS"] = "1"
@@ -187,9 +218,10 @@ print(json.dumps({"decode_tok_s": 1 / tpot, "prefill_tok_s": PROMPT / prefill, "
 }
 
 
-def measure(python: str, kind: str, path: Path, weights: str, threads: int) -> dict:
-    out = subprocess.run([python, "-c", CHILDREN[kind], kind, str(path), weights, str(threads)],
-                         capture_output=True, text=True)
+def measure(python: str, kind: str, path: Path, weights: str, threads: int,
+            *extra: str) -> dict:
+    out = subprocess.run([python, "-c", CHILDREN[kind], kind, str(path), weights, str(threads),
+                          *extra], capture_output=True, text=True)
     if out.returncode:
         lines = out.stderr.strip().splitlines() or ["(no output)"]
         raise SystemExit(f"{kind} {weights} on {path} failed: {lines[-1]}")
@@ -197,7 +229,7 @@ def measure(python: str, kind: str, path: Path, weights: str, threads: int) -> d
 
 
 def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_python: str,
-            ds_python: str) -> dict:
+            ds_python: str, ik_dir: Path | None) -> dict:
     """Write what the runs need, once -> {(system, pair): (path, weights)}."""
     folders = {}
     needed = {PAIRS[p][0] for p in pairs} | ({"dense"} if peers else set())  # peers: dense
@@ -206,11 +238,16 @@ def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_py
             folders[variant] = hf_folder(shape, scratch / f"{shape}-{variant}", sparsity)
     runs = {}
     for pair in pairs:
-        variant, llama_type, ov_format = PAIRS[pair]
-        runs["sparsellm", pair] = (folders[variant], pair)
-        convert(folders[variant], pair)
+        variant, llama_type, ik_type, ov_format = PAIRS[pair]
+        if pair in GGUF_PAIRS:  # the peers' file, at its own width
+            runs["sparsellm", pair] = (gguf_file(folders["dense"], llama_type, ik_dir), "")
+        else:
+            runs["sparsellm", pair] = (folders[variant], pair)
+        convert(*runs["sparsellm", pair])
         if "llamacpp" in peers and llama_type:
-            runs["llamacpp", pair] = (llama_gguf(folders["dense"], llama_type), llama_type)
+            runs["llamacpp", pair] = (gguf_file(folders["dense"], llama_type, ik_dir), llama_type)
+        if "ik_llama" in peers and ik_type:
+            runs["ik_llama", pair] = (gguf_file(folders["dense"], ik_type, ik_dir), ik_type)
         for peer in ("openvino", "openvino-f32"):
             if peer in peers and ov_format:
                 model = openvino_model(folders["dense"], ov_format, ov_python)
@@ -221,23 +258,37 @@ def prepare(shape: str, scratch: Path, pairs: list[str], peers: list[str], ov_py
     return runs
 
 
-def convert(folder: Path, weights: str) -> None:
+def convert(path: Path, weights: str) -> None:
     """Load our model once, untimed, so its converted weights are in the weights cache, as the
     peers' GGUF and OpenVINO files are written once here: every round then loads a converted
     model, and peak RSS is a loaded model's, not a conversion's."""
-    print(f"converting {folder.name} to {weights} (weights cache)", file=sys.stderr)
+    print(f"converting {path.name} to {weights or 'its own width'} (weights cache)",
+          file=sys.stderr)
     subprocess.run([sys.executable, "-c", "import sys; from sparsellm.engine import Engine; "
-                    "Engine(sys.argv[1], weights=sys.argv[2], sequence_length=64)", str(folder),
-                    weights], check=True)
+                    "Engine(sys.argv[1], weights=sys.argv[2] or None, sequence_length=64)",
+                    str(path), weights], check=True)
 
 
-def llama_gguf(folder: Path, llama_type: str) -> Path:
+def gguf_file(folder: Path, llama_type: str, ik_dir: Path | None) -> Path:
+    """The GGUF file of folder's values in llama_type, written once: BF16 / F32 / Q8_0 / Q4_0 by
+    the gguf package (random_checkpoint.write_gguf), K-quants by ik_llama.cpp's llama-quantize
+    from the BF16 file (the gguf package has no K-quant quantizer)."""
     out = folder.with_name(f"{folder.name}-{llama_type}.gguf")
-    if not out.exists():
+    if out.exists():
+        return out
+    tmp = out.with_suffix(".tmp")
+    if llama_type.startswith(("Q4_K", "Q5_K", "Q6_K")):
+        if ik_dir is None:
+            raise SystemExit(f"{llama_type} is written by ik_llama.cpp's llama-quantize: "
+                             "pass --ik-dir")
+        print(f"quantizing {out}", file=sys.stderr)
+        subprocess.run([str(ik_dir / "build" / "bin" / "llama-quantize"),
+                        str(gguf_file(folder, "BF16", ik_dir)), str(tmp), llama_type],
+                       check=True, capture_output=True)
+    else:
         print(f"writing {out}", file=sys.stderr)
-        tmp = out.with_suffix(".tmp")
         write_gguf(folder, tmp, llama_type)
-        tmp.rename(out)
+    tmp.rename(out)
     return out
 
 
@@ -270,10 +321,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="tinyllama-1.1b")
     p.add_argument("--scratch", type=Path, default=Path("scratch/peers"))
-    p.add_argument("--pairs", nargs="+", default=[pair for pair in PAIRS if pair not in DEEPSPARSE],
-                   choices=list(PAIRS))
-    p.add_argument("--peers", nargs="+", default=["llamacpp"],
-                   choices=["llamacpp", "openvino", "openvino-f32", "deepsparse"])
+    p.add_argument("--pairs", nargs="+", choices=list(PAIRS),
+                   help="default: every pair but DeepSparse's (and q4_k_m without --ik-dir)")
+    p.add_argument("--peers", nargs="+", default=["llamacpp"], choices=PEERS)
+    p.add_argument("--ik-dir", type=Path,
+                   help="ik_llama.cpp built by shared/bench/build_ik_llama.sh (its WORK_DIR)")
     p.add_argument("--openvino-python", default=sys.executable,
                    help="the Python that has openvino-genai and optimum-intel (a venv of its own)")
     p.add_argument("--deepsparse-python", default=sys.executable,
@@ -281,41 +333,65 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
+    if "ik_llama" in args.peers and not (args.ik_dir and
+                                         (args.ik_dir / "build/bin/llama-bench").exists()):
+        p.error("--peers ik_llama needs --ik-dir DIR with DIR/build/bin/llama-bench "
+                "(shared/bench/build_ik_llama.sh GIT_DIR DIR builds it)")
+    if args.pairs is None:
+        args.pairs = [pair for pair in PAIRS if pair not in DEEPSPARSE
+                      and (args.ik_dir or pair not in GGUF_PAIRS)]
     args.scratch.mkdir(parents=True, exist_ok=True)
     runs = prepare(args.shape, args.scratch, args.pairs, args.peers, args.openvino_python,
-                   args.deepsparse_python)
+                   args.deepsparse_python, args.ik_dir)
+    where = machine(args.threads)
     results: dict[tuple[str, str], list[dict]] = {key: [] for key in runs}
     for r in range(args.rounds):
         for key, (path, weights) in runs.items():
             kind = "openvino" if key[0].startswith("openvino") else key[0]  # -f32: a setting
             python = {"openvino": args.openvino_python,
                       "deepsparse": args.deepsparse_python}.get(kind, sys.executable)
-            results[key].append(measure(python, kind, path, weights, args.threads))
+            extra = [str(args.ik_dir)] if kind == "ik_llama" else []
+            results[key].append(measure(python, kind, path, weights, args.threads, *extra))
             print(f"round {r + 1}: {key[0]} {weights}: {results[key][-1]}", file=sys.stderr)
-    print_table(args, runs, results)
+    rows = [{"shape": args.shape, "pair": pair, "system": system, "weights": runs[system, pair][1],
+             **{field: median(results[system, pair], field) for field in FIELDS},
+             "rounds": results[system, pair]}
+            for system, pair in runs]
+    print_table(args, where, rows)
+    record = write_record("peers", rows, argv=sys.argv, threads=args.threads, machine_info=where,
+                          extra={"rounds": args.rounds, "shape": args.shape})
+    print(f"\nrecord: {record}", file=sys.stderr)
 
 
-def print_table(args, runs, results) -> None:
-    def med(key, field):
-        return statistics.median(x[field] for x in results[key])
+FIELDS = ("decode_tok_s", "prefill_tok_s", "ttft_s", "peak_gb")
 
-    print(f"\n{args.shape}, {args.threads} threads, medians of {args.rounds} interleaved rounds "
-          f"(fresh process each)\n")
+
+def median(rounds: list[dict], field: str) -> float | None:
+    values = [r[field] for r in rounds if r.get(field) is not None]
+    return statistics.median(values) if values else None
+
+
+def print_table(args, where: dict, rows: list[dict]) -> None:
+    by = {(row["system"], row["pair"]): row for row in rows}
+    print(f"\n{args.shape}, {where['cpu']} ({', '.join(where['isa'])}), "
+          f"{where['read_bandwidth_gb_s']:.1f} GB/s read, {args.threads} threads, medians of "
+          f"{args.rounds} interleaved rounds (fresh process each)\n")
     print("| ours | peer | decode tok/s | ratio | prefill tok/s (pp512) | ratio | "
           "first token, 128-token prompt | peak RSS GB |")
     print("|---|---|---|---|---|---|---|---|")
+    gb = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for pair in args.pairs:
-        ours = ("sparsellm", pair)
+        ours = by["sparsellm", pair]
         for peer in args.peers:
-            key = (peer, pair)
-            if key not in runs:
+            if (peer, pair) not in by:
                 continue
-            d, pf = med(ours, "decode_tok_s"), med(ours, "prefill_tok_s")
-            pd, ppf = med(key, "decode_tok_s"), med(key, "prefill_tok_s")
-            print(f"| {pair} | {peer} {runs[key][1]} | {d:.1f} vs {pd:.1f} | {d / pd:.2f}x | "
+            theirs = by[peer, pair]
+            d, pd = ours["decode_tok_s"], theirs["decode_tok_s"]
+            pf, ppf = ours["prefill_tok_s"], theirs["prefill_tok_s"]
+            print(f"| {pair} | {peer} {theirs['weights']} | {d:.1f} vs {pd:.1f} | {d / pd:.2f}x | "
                   f"{pf:.0f} vs {ppf:.0f} | {pf / ppf:.2f}x | "
-                  f"{med(ours, 'ttft_s') * 1e3:.0f} vs {med(key, 'ttft_s') * 1e3:.0f} ms | "
-                  f"{med(ours, 'peak_gb'):.2f} vs {med(key, 'peak_gb'):.2f} |")
+                  f"{ours['ttft_s'] * 1e3:.0f} vs {theirs['ttft_s'] * 1e3:.0f} ms | "
+                  f"{gb(ours['peak_gb'])} vs {gb(theirs['peak_gb'])} |")
 
 
 if __name__ == "__main__":

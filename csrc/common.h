@@ -63,8 +63,8 @@ template <class T>
 using AlignedVector = std::vector<T, CacheAligned<T>>;
 
 // Whether F, a kernel template's per-vector callable, is a closure object the kernel inlines. A
-// function passed as one decays to a pointer, called per step: the AVX2 bitmask GEMVs decoded 4x
-// slower so (f3d2983), and no test of their values noticed. Kernels static_assert it.
+// function passed as one decays to a pointer, called per step, which no test of the values
+// notices but makes a kernel several times slower. Kernels static_assert it.
 template <class... F>
 inline constexpr bool inlined_callables = (!std::is_pointer_v<F> && ...);
 
