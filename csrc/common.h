@@ -42,9 +42,9 @@ inline bool use_avx512() { return active_isa() == Isa::Avx512; }
 constexpr int64_t kColAlign = 64;
 
 // Vectors of run-time buffers (activations, scores) start on a cache line, so with rows padded
-// to kColAlign columns a kernel's 64-byte load never straddles two lines. On the 16-byte
-// boundary malloc gives, the W8A8 kernels' activation loads split in most processes: 8 tokens
-// ran 1.25x slower there than in those that happened to get an aligned buffer.
+// to kColAlign columns a kernel's 64-byte load never straddles two lines (on the 16-byte
+// boundary malloc gives, the W8A8 kernels' activation loads split, and speed depended on where
+// a process's buffer happened to land).
 template <class T>
 struct CacheAligned {
   using value_type = T;
@@ -116,8 +116,8 @@ inline const int8_t* r16_block(const Weight& w, int64_t b) {
 }
 
 // Calls f(std::integral_constant<int, G>{}) for the weight's int4 group size: the int4 kernels
-// take it as a compile-time constant (read at run time, it cost the sparse W4A8 loop a reload
-// and two compares per word, 5% at T == 1, and the dense ones a division per step).
+// take it as a compile-time constant (read at run time, it costs the sparse W4A8 loop a reload
+// and two compares per word, and the dense ones a division per step).
 template <class F>
 inline void with_group(int group, F&& f) {
   if (group == 32) return f(std::integral_constant<int, 32>{});
@@ -184,9 +184,8 @@ int64_t int_gemm_act_group(const Weight& w);
 
 // The rows [r0, r0 + nr) of w that a panel GEMM packs, as fp32: fp32 weights in place, any other
 // format decoded (decode_rows) by the GEMM a group of rows at a time, into a buffer that stays in
-// L2 while it packs them. Decoding the whole 48-row panel first (up to 1 MB) and reading it back
-// cost every decoded format (SmolLM2-135M, 512-token prefill, AVX2: bitmask fp32 1.08x, bitmask
-// int8 1.06x, bf16 1.10x this way; fp32, read in place, level).
+// L2 while it packs them, rather than the whole 48-row panel first (up to 1 MB) read back from
+// further away.
 struct PanelRows {
   const Weight& w;
   int64_t r0, nr;
@@ -299,25 +298,20 @@ struct Gemv {
 };
 constexpr bool kGroupSums = true, kInt16Codes = true;
 
-// Largest T a format's GEMV serves (above: a GEMM, linear.h). Crossovers measured with
-// `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64,128` on SmolLM2-135M shapes,
-// 2 threads (ratios GEMV time / GEMM time). Against the fp32 GEMM over decoded panels: fp32
-// activations: GEMV wins up to T = 8 (fp32 0.5-0.7, int8 0.8-0.9), the GEMM above (1.2-2x at
-// T = 16). Int8 activations with per-channel int8 weights: the integer GEMV wins at every T
-// (T = 64: int8_a8 0.81 with AVX2; 2:4 0.99 at 128), so on the portable path they never leave
-// it; int4_g32_a8 matches the fp32 GEMM at T = 32 (1.09) and loses above (1.19 at 64).
+// Largest T a format's GEMV serves (above: a GEMM, linear.h): the crossovers that
+// `python -m sparsellm.kernels.bench --tokens 1,2,4,5,8,16,32,64,128` finds (GEMV time / GEMM
+// time, SmolLM2-135M shapes, 2 threads). Against the fp32 GEMM over decoded panels, fp32
+// activations' GEMVs win up to T = 8; int8 activations with per-channel int8 weights win at
+// every T, so on the portable path they never leave the GEMV; int4_g32_a8 at up to T = 32.
 // With AVX-512, int8 activations (and weight-only int4 prompts) go to the int8 GEMM
-// (gemm_int8_avx512.cpp) above avx512_max_tokens, in the same 2-thread run: int8_a8 0.95 at
-// T = 32, 1.04 at 48 (the same bits either way); sparse_int8_a8 1.00 at 24, 1.10 at 32; int4_g32_a8
-// 0.95 at 8, 1.55 at 16; sparse int4 W4A8 1.40 and 2:4 W8A8 1.21 already at 8, where the
-// batch-of-8 decode stays on the GEMV (bitwise equal to T == 1).
+// (gemm_int8_avx512.cpp) above avx512_max_tokens (the same bits as the GEMV where the scales
+// are per row and per token); sparse int4 W4A8 and 2:4 W8A8 lose to it already at 8, where the
+// batch-of-8 decode still stays on the GEMV (bitwise equal to T == 1).
 constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32, kGemvAlways = INT64_MAX;
 constexpr int64_t kGemvMaxTokensW8A8Vnni = 40, kGemvMaxTokensSparseW8A8Vnni = 24,
                   kGemvMaxTokensVnni = 8;
-// On AVX2 they go to the int16 GEMM (gemm_int_avx2.cpp) above avx2_max_tokens; AMD EPYC
-// (Zen 3), 2 threads, GEMV / GEMM: int8_a8 0.94-0.99 at T = 8, 1.16-1.37 at 16 (the same bits
-// either way); sparse_int8_a8 1.05 at 8, 1.49 at 16; 2:4 W8A8 0.76 at 8, 0.93 at 16, 1.14 at 32;
-// int4_g32_a8 0.81 at 8, 1.04 at 16, 1.20 at 32; sparse int4 W4A8 1.44 at 8.
+// On AVX2 they go to the int16 GEMM (gemm_int_avx2.cpp) above avx2_max_tokens, the crossovers
+// of the same measurement on an AVX2-only AMD EPYC (the same bits either way for W8A8).
 constexpr int64_t kGemvMaxTokensW8A8Madd = 16, kGemvMaxTokensSparseW8A8Madd = 8,
                   kGemvMaxTokensS24W8A8Madd = 24, kGemvMaxTokensSparseW4A8Madd = 8,
                   kGemvMaxTokensI4A8Madd = 16;

@@ -5,10 +5,9 @@
 // accumulators + 2 weight + 1 broadcast registers of the 16 ymm, and no horizontal sums. k runs
 // in blocks of kKBlock, so a block of Wt (48 x 1024 floats, 192 KB) stays in L2 and the 6
 // tokens' slice of X (24 KB) in L1 while the 48 rows pass over it. Each output sums its k in
-// order within a block and adds the blocks in order, whatever T is (batch invariant). The
-// dot-product form this replaced (3 rows x 4 tokens of 8-lane partial sums) streamed 64 tokens
-// x k of X from L2, or from L3 once k reached 2048, for every 3 rows: ~60 GMAC/s on 2 Zen 3
-// cores at TinyLlama-1.1B shapes, where this one reaches 70-77 (the FMA peak is ~93).
+// order within a block and adds the blocks in order, whatever T is (batch invariant). A
+// dot-product form (a few rows x tokens of 8-lane partial sums) would stream the tokens' X from
+// L2, or from L3 at long k, once per few rows.
 #include <immintrin.h>
 
 #include "common.h"

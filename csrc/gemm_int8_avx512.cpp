@@ -6,9 +6,8 @@
 //
 // The micro-kernel keeps 2 blocks (32 rows) x up to 8 tokens of accumulators in registers: per
 // 4 columns, 2 weight loads and one broadcast per token feed 2 vpdpbusd, where the GEMV's
-// 16-row kernel (one block x 8 tokens) spends a broadcast per vpdpbusd and ran at a third of
-// the port's peak (one core, 128 rows x 2048 columns, 240 tokens, hot in L2: 1 block x 8
-// tokens 117-250 GMAC/s, 2 x 8 375, 3 x 6 385; with int4 group-32 scales 2 x 6 ~280).
+// 16-row kernel (one block x 8 tokens) spends a broadcast per vpdpbusd and reaches about a
+// third of the port's peak.
 //
 // Scales: per-row weights (int8) with per-token activations (W8A8) keep the whole row's dot in
 // int32, y = float(dot) * (xscale * scale), the GEMV's float operations: the same bits. Int4
@@ -19,9 +18,7 @@
 // W8A16) quantize x dynamically per group of columns (scale max|x| / 127): int4 per weight
 // group, int8 per 32 columns. That is how llama.cpp multiplies its Q4_0 / Q8_0 / K-quant
 // weights and what OpenVINO's CPU plugin does by default, so their prefill is an int8 GEMM too;
-// decode keeps fp32 activations. TinyLlama-1.1B shape, 512-token prefill, 2 threads: int4_g32
-// 120 -> 333 tok/s, int8_a8 313 -> 402, weight-only int8 (later) 119 -> 361; SmolLM2-135M:
-// 897 -> 1914, 1735 -> 1901, 918 -> 2099.
+// decode keeps fp32 activations.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -282,7 +279,7 @@ struct Kernel {
   }
 
   // Tokens per tile: 8 when only int32 accumulators live in registers, 7 with fp32 ones too
-  // (28 of the 32 vector registers; 6 measured 3-8% slower).
+  // (28 of the 32 vector registers; 6 was slower).
   static constexpr int kMaxNT = E == 0 ? 8 : 7;
 
   template <int NT = kMaxNT>

@@ -7,25 +7,22 @@
 //
 // int16 x int16 -> int32 (vpmaddwd), for W8A8 (dense, bitmask, 2:4): signed int8 codes and
 // activations both as int16, 16 exact multiply-adds per madd, -128 included (the sign trick of
-// vpmaddubsw cannot take -128 and saturates). On AMD Zen 3 it reached 73 GMAC/s on 2 cores
-// (SmolLM2-135M shapes, 64 tokens), ~1.2x the fp32 panel GEMM on the same weights rather than
-// the 2x the instruction counts promise. The micro-kernel holds 8 rows x 6 tokens of int32
-// accumulators (12 ymm) + 2 weight vectors + 1 broadcast: per 4 columns, 8 loads feed 12
-// madds. Each int32 lane holds two of a row's products; one hadd per 8 rows at the end joins
-// them (as gemv_i8a8 does). The whole row's dot stays in int32, y = float(dot) * (xscale *
-// scale), the GEMV's float operations, so prefill gives the decode kernels' bits.
+// vpmaddubsw cannot take -128 and saturates). It gains less over the fp32 panel GEMM on the same
+// weights than the 2x the instruction counts promise. The micro-kernel holds 8 rows x 6 tokens of
+// int32 accumulators (12 ymm) + 2 weight vectors + 1 broadcast: per 4 columns, 8 loads feed 12
+// madds. Each int32 lane holds two of a row's products; one hadd per 8 rows at the end joins them
+// (as gemv_i8a8 does). The whole row's dot stays in int32, y = float(dot) * (xscale * scale), the
+// GEMV's float operations, so prefill gives the decode kernels' bits.
 //
 // Int4, dense (Fmt::I4) and bitmask (Fmt::SP_I4, its signed nibbles q expanded as u = q + 8,
 // dropped columns 8, zero point 8), multiplies bytes instead (I4Kernel): unsigned nibbles u x
 // int8 codes is what vpmaddubsw takes exactly, 32 multiply-adds per instruction. The zero point
 // comes off per 32 columns as z * (the token's sum of those codes). It serves W4A8 and, for a
 // prompt, weight-only int4 with x quantized per weight group (quantize_groups, the AVX-512
-// GEMM's codes). Bitmask int4 in the int16 kernel, with a dot per group, prefilled at 0.46x
-// (W4A8) and, in fp32 panels, 0.73x (W4A16) of dense int4 (SmolLM2-135M, 512 tokens).
+// GEMM's codes); bitmask int4 in the int16 kernel, with a dot per group, was far slower.
 // Weight-only int8 and bitmask int8 prompts keep the fp32 panel GEMM here: with x quantized per
 // group of 32 columns, as the AVX-512 int8 GEMM does, a dot per 32 columns in the int16 kernel
-// ran at 0.83x the fp32 GEMM's speed for weight-only int8 (TinyLlama-1.1B, 512-token prefill,
-// 2 threads).
+// is slower than the fp32 GEMM.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -260,7 +257,7 @@ struct I4Kernel {
     for (int64_t k0 = 0; k0 < kp; k0 += 32) {
       __m256i d[NT];
       for (int t = 0; t < NT; ++t) d[t] = _mm256_setzero_si256();
-      // (Not unrolled: GCC then hoists the broadcasts and spills; no faster either way.)
+      // (Not unrolled: GCC then hoists the broadcasts and spills.)
       for (int64_t k = k0; k < k0 + 32; k += 4) {
         const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k));
         for (int t = 0; t < NT; ++t) {

@@ -7,11 +7,10 @@
 //
 // Per kept weight: one broadcast and a load + FMA per 16 tokens. A block of kKBlock columns of
 // the transposed activations (64 x 128 floats, 32 KB) is walked by kRows rows in turn, their
-// accumulators saved between blocks in a (kRows x 128) buffer (32 KB; 16 rows: 0.85-0.95x,
-// 128: 0.85-0.9x). Each output accumulates its kept weights in column order whatever T is
-// (batch invariant). TinyLlama-1.1B shapes, 50% sparse, 2 threads, dense-equivalent GMAC/s
-// against the dense panel GEMM on the same weights: 1.1x at T = 64, 1.2x at 100, 1.3-1.4x at
-// 128 and 256.
+// accumulators saved between blocks in a (kRows x 128) buffer (32 KB; 16 and 128 rows were
+// slower). Each output accumulates its kept weights in column order whatever T is (batch
+// invariant). It beats the dense panel GEMM on the same weights from kSparseF32GemmMinTokens
+// tokens (linear.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -76,7 +75,7 @@ void tile_rows_for(int m, const Weight& w, const float* xt, int64_t ra, int64_t 
 
 // Tokens per tile: T split into near-equal tiles of at most kSparseTile, whole vectors (a
 // remainder of a few tokens would make a tile of few vectors, which runs at a fraction of the
-// speed: 0.5x at 16 tokens).
+// speed).
 static int64_t tile_tokens(int64_t T) {
   const int64_t n = (T + kSparseTile - 1) / kSparseTile;
   return ((T + n - 1) / n + 15) / 16 * 16;

@@ -26,9 +26,8 @@ namespace sl::avx512 {
 
 namespace {
 // Tokens per tile: each has one zmm accumulator, and a weight vector is loaded (or expanded)
-// once per tile. 16-token tiles measured slower than two 8-token passes over a row (which the
-// second reads from L1): 45-80 vs 75-100 GMAC/s per core at T = 16 and 64 on 576 columns (the
-// bitmask kernel); the dense 16-row-block kernel ran the same with 8 or 16.
+// once per tile. 16-token tiles were slower than two 8-token passes over a row (which the
+// second reads from L1) for the bitmask kernel; the dense 16-row-block kernel ran the same.
 constexpr int kMaxNT = 8;
 
 // The 16-lane sums of 8 accumulators, as 8 int32 lanes: a transposing add tree of ~25
@@ -190,9 +189,8 @@ constexpr int kMaxNTI4 = 5;
 // group's scale (broadcast from memory) make it the weight times 2^28; the row's sum is scaled
 // back by 2^-28 at the end (exact: a power of two). One shuffle per 16 columns and no
 // per-group shuffles: a 16-entry vpermps table per group (scale folded in), indexed through a
-// vpermb, took 2 per chunk and 2 broadcasts per group, and shuffles bound the kernel
-// (TinyLlama-1.1B shapes out of cache, 2 threads, T == 1, weights per second: group 32 18 ->
-// 23.6 G; group 128, whose tables were rebuilt 4x less often, 26 -> 24).
+// vpermb, took 2 per chunk and 2 broadcasts per group, and shuffles bound the kernel at group
+// 32 (at group 128, whose tables are rebuilt 4x less often, the two are close).
 // Reads up to 32 bytes past a row's last value (the values end with 64 bytes of padding).
 namespace {
 template <int G>
@@ -236,13 +234,12 @@ void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 
 
 // Dense int4 with fp32 activations (W4A16). A group's 16 possible weights, (q - z) * s, are a
-// 16-entry vpermps table built once per group, and the nibbles index it straight from the
-// bytes: a 16-byte block's bytes zero-extended to dwords hold its low nibbles (columns 0..15)
-// in their low 4 bits, the only bits vpermps reads of an index, and the same dwords shifted
-// right by 4 its high nibbles (columns 16..31). Per 32 columns: one widening, one shift, two
-// vpermps and one FMA per token, against ~20 instructions in the AVX2 kernel's
-// widen-convert-FMA chain, which bounded it below the DRAM stream (12 GB/s with 2 threads at
-// TinyLlama shapes). The group's scale and zero point live in the table, so no group sums.
+// 16-entry vpermps table built once per group, and the nibbles index it straight from the bytes: a
+// 16-byte block's bytes zero-extended to dwords hold its low nibbles (columns 0..15) in their low 4
+// bits, the only bits vpermps reads of an index, and the same dwords shifted right by 4 its high
+// nibbles (columns 16..31). Per 32 columns: one widening, one shift, two vpermps and one FMA per
+// token, against ~20 instructions in the AVX2 kernel's widen-convert-FMA chain, which bounds that
+// below the DRAM stream. The group's scale and zero point live in the table, so no group sums.
 namespace {
 
 template <bool Asym, int G>

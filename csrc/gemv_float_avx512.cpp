@@ -4,10 +4,8 @@
 // A row is walked 64 columns at a time: the step yields four 16-lane fp32 weight vectors
 // (int8: one widening vpmovsxbd and one conversion per 16; bitmask: the 64-bit mask word's
 // kept values expanded to their columns first, vpexpandb / vexpandps, dropped columns 0), and
-// every token of the tile FMAs them into its own four accumulators. On AVX2 the same rows took
-// 8 columns per instruction and the bitmask ones a scalar-ish expansion: at TinyLlama-1.1B
-// shapes out of cache, 2 threads, T == 1, int8 streamed 23.5 GB/s against W8A8's 27, bitmask
-// int8 10.9 and bitmask fp32 16.5 (dense fp32: 30).
+// every token of the tile FMAs them into its own four accumulators. On AVX2 the same rows take
+// 8 columns per instruction and the bitmask ones a table-driven expansion per mask byte.
 #include <immintrin.h>
 
 #include <cstring>

@@ -1,9 +1,8 @@
 // Int4 group-wise GEMV (fp32 activations), AVX2. One 16-byte load gives 32 weights; nibbles are
 // widened to fp32 and FMA'd against x; the per-group scale and zero point are applied once per
 // group (see gemv_int4.cpp for the algebra). The group size is a compile-time constant
-// (with_group): read at run time, the per-group loop's bookkeeping cost the W4A8 GEMV 13-23%
-// and W4A16 6-48% of its weight bandwidth at T == 1 on AMD Zen 3 (TinyLlama-1.1B shapes,
-// 2 threads, interleaved runs of kernels.bench's bench_gemv).
+// (with_group): read at run time, the per-group loop's bookkeeping costs a large part of the
+// weight bandwidth at T == 1.
 #include <immintrin.h>
 
 #include "common.h"
@@ -54,9 +53,8 @@ static void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64
         const int64_t blk = g * bpg + b;
         // Bytes 0..7 / 8..15 zero-extended to int32 hold columns 0..7 / 8..15 in their low
         // nibbles and 16..23 / 24..31 in their high ones: two shuffles per 32 weights, where
-        // splitting the nibbles first and widening them in four took six (Zen 3 has two
-        // shuffle pipes): TinyLlama-1.1B shape, 2 threads, decode 14.3 -> 20.4 tok/s (g32),
-        // 17.3 -> 21.3 (g128), old and new builds in alternating fresh processes.
+        // splitting the nibbles first and widening them in four takes six (and AMD's cores
+        // have two shuffle pipes).
         const uint8_t* raw = row + blk * 16;
         const __m256i b0 = _mm256_cvtepu8_epi32(load_u64(raw)),
                       b1 = _mm256_cvtepu8_epi32(load_u64(raw + 8));
@@ -180,7 +178,8 @@ static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int
         for (int t = 0; t < NT; ++t) {
           const __m256i dots = _mm256_hadd_epi32(h[0][t], h[1][t]);
           __m256 s = _mm256_loadu_ps(sc + g);
-          if constexpr (GroupX) s = _mm256_mul_ps(s, _mm256_loadu_ps(a.xgscale + (t0 + t) * ng + g));
+          if constexpr (GroupX)
+            s = _mm256_mul_ps(s, _mm256_loadu_ps(a.xgscale + (t0 + t) * ng + g));
           acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_permutevar8x32_ps(s, order),
                                     acc0[t]);
         }

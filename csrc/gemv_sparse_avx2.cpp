@@ -7,13 +7,14 @@
 // (simd_avx2.h expand32_i16; int4 rows are unpacked to bytes first, unpack_sp_i4_row); the
 // fp32 and W8A16 ones 8 columns to fp32. The expansion costs the same instructions whatever
 // the density, so at T = 1 these kernels are compute-bound on AVX2: ~45 instructions per 32
-// columns (bitmask W8A8), at 5-6 per cycle on Zen 3: ~13 G weights/s per core from L2, where
-// the dense int8 GEMV does ~23. Variants measured no faster there: BMI2 rotates and bzhi for the
-// table offsets and popcounts (38 instructions instead of 45), madd of the values left in the
-// high byte (no shift) with the sums shifted once per 2048 columns, a 128-bit broadcast of the
-// values with the second lane's control offset by a table add, and software prefetch from
-// DRAM. An in-register control computation (nibble popcounts + prefix sums, no table lookups)
-// was slower: it moves the work onto the two shuffle ports. AVX-512 VBMI2's vpexpandb does the
+// columns (bitmask W8A8), about half the dense int8 GEMV's weights per second per core. Variants
+// that were no faster: BMI2 rotates and bzhi for the table offsets and popcounts, madd of the
+// values left in the high byte (no shift) with the sums shifted once per 2048 columns, a
+// 128-bit broadcast of the values with the second lane's control offset by a table add,
+// software prefetch from DRAM, and int8 expansion (16 columns per 128-bit pshufb) with the
+// vpmaddubsw sign trick (which would also need x's -128 codes handled apart). An in-register
+// control computation (nibble popcounts + prefix sums, no table lookups) was slower: it moves
+// the work onto the two shuffle ports. AVX-512 VBMI2's vpexpandb does the
 // expansion in one instruction.
 //
 // The 2:4 format instead gathers the activations: 2-bit selectors become a pshufb control in
@@ -29,7 +30,7 @@ namespace sl::avx2 {
 // below) makes 8 dense fp32 weights from the packed values at v for mask byte m. Each expansion
 // feeds every token of the tile; 2 accumulators per token (even / odd mask bytes), 4 tokens per
 // tile. The 4 mask bytes of a step find their values by prefix popcounts, not by a pointer
-// advanced per byte: hot, 576 x 1536, cycles per 32 columns fp32 16.7 -> 14.0, int8 10.4 -> 10.1.
+// advanced per byte (a chain of dependent adds).
 template <typename V, typename Expand8, typename RowScale>
 static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy,
                                       int64_t r0, int64_t r1, Expand8 expand8,
@@ -86,8 +87,7 @@ void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 
 // Row decoders of the fp32 panels (prompts of bitmask fp32 and weight-only int8): 8 columns per
 // mask byte by the GEMVs' expansions, times the row's scale (exact for fp32's 1): the scalar
-// decoders' values. A panel of 48 rows decoded one kept weight at a time cost 5-9% of the GEMM
-// over it at 512 tokens.
+// decoders' values (one kept weight at a time was a noticeable part of the GEMM over the panel).
 template <typename V, typename Expand8, typename RowScale>
 static void decode_bitmask_rows(const Weight& w, int64_t r0, int64_t r1, float* out,
                                 Expand8 expand8, RowScale row_scale) {
@@ -139,8 +139,8 @@ void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t
 // columns at a time expand as bitmask int8's do. Rows are unpacked one ahead into two
 // per-thread buffers, so the row being multiplied was written a row earlier: expansion loads
 // overlapping stores still in flight cannot take their data from them and wait until they
-// retire. The group ends are counted down in one flat loop over the row (1.16x the nested group
-// loop at group 32).
+// retire. The group ends are counted down in one flat loop over the row (faster than a nested
+// group loop at group 32).
 class SpI4RowPipe {
  public:
   explicit SpI4RowPipe(const Weight& w) : w_(w) {

@@ -55,10 +55,9 @@ void LinearScratch::reserve(int64_t T, int64_t kp) {
 // (GEMM: 16x more, as its work per weight byte is compute, not a DRAM stream.)
 constexpr int64_t kMinParallelWork = int64_t(1) << 16;
 
-// Per-token sums of x (T, kp) over each group of columns -> out (T, kp / group). int8 values
-// are summed as int32, which vectorizes (a float sum is a serial chain of adds: 0.4-1 us per
-// call, ~1.5% of a sparse W4A8 decode step) and is exact, as the float sum of at most
-// 2^24 / 128 int8 values is.
+// Per-token sums of x (T, kp) over each group of columns -> out (T, kp / group). int8 values are
+// summed as int32, which vectorizes (a float sum is a serial chain of adds) and is exact, as the
+// float sum of at most 2^24 / 128 int8 values is.
 template <typename X>
 static void group_sums(const X* x, int64_t T, int64_t kp, int64_t group, float* out) {
   using Acc = std::conditional_t<std::is_integral_v<X>, int32_t, float>;
@@ -189,8 +188,8 @@ static void int_gemm_run(const Weight& w, const GemmActs& a, float* y, int64_t l
 
 // Bitmask fp32 prompts on AVX-512 multiply only the kept weights (gemm_sparse_avx512.cpp), from
 // this many tokens: below, each kept weight's scalar work (its column, its broadcast) is shared
-// by too few tokens, and the dense panel GEMM over decoded rows wins. TinyLlama-1.1B shapes, 50%
-// sparse, 2 threads, sparse / dense: 0.9x at T = 32, 1.1x at 64, 1.3-1.4x from 128.
+// by too few tokens, and the dense panel GEMM over decoded rows wins (the crossover measured at
+// TinyLlama-1.1B shapes, 50% sparse).
 constexpr int64_t kSparseF32GemmMinTokens = 64;
 
 static void sparse_f32_gemm(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y,

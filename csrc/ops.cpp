@@ -219,14 +219,12 @@ static void attention_tokens(const float* q, int64_t ldq, const KV* kc, const KV
     keys += pos[t] + 1 - first_key(t);
     longest = std::max(longest, pos[t] + 1 - first_key(t));
   }
-  // A task is one token's query heads that share a KV head, so each key and value is loaded
-  // once for all of them (SmolLM2's 3 per KV head: 1.18x hot for 8 tokens, 512-token prefill
-  // 1.19x end to end). A decode step of one or two sequences has too few of those to keep the
-  // threads busy (SmolLM2: 3 for 2 threads), so each one's keys are split into parts (flash-
-  // decoding): about 8 tasks per thread, a number the threads share evenly, none under
-  // kPartKeys keys; merge_parts combines their softmax pieces. SmolLM2 50% W8A8 decode after a
-  // 400 / 1536-token prompt: 1.10x / 1.19x. Over fewer keys, a task is one head (the heads of
-  // a group find their keys in L2).
+  // A task is one token's query heads that share a KV head, so each key and value is loaded once
+  // for all of them (SmolLM2: 3 per KV head). A decode step of one or two sequences has too few of
+  // those to keep the threads busy (SmolLM2: 3 for 2 threads), so each one's keys are split into
+  // parts (flash-decoding): about 8 tasks per thread, a number the threads share evenly, none
+  // under kPartKeys keys; merge_parts combines their softmax pieces, which pays after long prompts.
+  // Over fewer keys, a task is one head (the heads of a group find their keys in L2).
   constexpr int64_t kPartKeys = 128;
   int64_t parts = 1;
   if (nt > 1 && groups < 4 * nt) {

@@ -69,10 +69,9 @@ static void head_scores(const float* q, const KV* K, const KV* V, const KvPrefet
   constexpr bool i8 = std::is_same_v<KV, int8_t>;
   const int64_t ld = kv_row<KV>(hd), hd8 = hd & ~int64_t(7);
   const __m128 sv = _mm_set1_ps(scale);
-  // The next task's keys and values, an equal share of lines per four keys: with them on their
-  // way while this task computes, attention over 8 sequences' cold caches (96 keys each, 2
-  // threads) ran 1.13-1.27x faster, and SmolLM2 int8_a8 batch-8 decode 1.06x (fp32 and int8
-  // caches) and 1.11x (fp16). (The next part of a long context's keys, too: attention_kv.)
+  // The next task's keys and values, an equal share of lines per four keys: they are on their
+  // way while this task computes, which matters for a batch of sequences' cold caches. (The next
+  // part of a long context's keys, too: attention_kv.)
   const int64_t share =
       next && next->bytes && n >= 4 ? (next->bytes / (n / 4) + 64) & ~int64_t(63) : 0;
   int64_t j = 0;
@@ -87,8 +86,7 @@ static void head_scores(const float* q, const KV* K, const KV* V, const KvPrefet
     const KV* k = K + j * ld;
     // These keys' values on their way to L2 for the weighted sums that follow: a batch of
     // sequences' caches is cold (the layer's weights went through the cache since), and with
-    // 96 keys per sequence the hardware prefetcher alone left the V pass waiting on DRAM
-    // (1.3-1.45x for 8 sequences, 2 threads).
+    // 96 keys per sequence the hardware prefetcher alone leaves the V pass waiting on DRAM.
     if (V) {
       const char* pv = reinterpret_cast<const char*>(V + j * ld);
       for (int64_t b = 0; b < int64_t(4 * ld * sizeof(KV)); b += 64)

@@ -155,7 +155,7 @@ inline I16x32 expand32_i16(const int8_t*& v, uint32_t m) {
 // high nibble (16 x the value as int8). The int4 kernels then expand a row as the int8 ones do
 // (expand32_i16<12>, expand16_i8): per word one 32-byte load, two ands, a shift, two unpacks
 // and two permutes, where expanding the nibble stream directly took two more shifts and a
-// GPR-to-vector move per 16 columns (W4A8 at 0.4x bitmask W8A8's weights/s, now 0.6x). out needs
+// GPR-to-vector move per 16 columns. out needs
 // sp_i4_row_bytes(w) bytes; bytes past the row's values are left undefined (the masks drop
 // them).
 inline int64_t sp_i4_row_bytes(const Weight& w) { return words_end(w) + 64; }
@@ -220,9 +220,9 @@ constexpr auto unit_scale = [](int64_t) { return 1.f; };
 // T == 1), and each pair of weight vectors is loaded / widened once for up to 5 tokens (10
 // accumulators + 2 weights + 1 temporary of the 16 ymm registers): a speculative verification
 // of 4 drafted tokens + 1 is one tile, and costs ~4 instructions per 16 columns per token
-// instead of 12 with 4 accumulators per token and 2-token tiles. A = 4 (int8, whose bytes come
-// 4x faster than fp32's): 32 columns per step and 3-token tiles; with two accumulators a
-// token's FMA chains (4 cycles each) bounded int8 at T == 1 below the DRAM stream.
+// instead of 12 with 4 accumulators per token and 2-token tiles. A = 4 (int8, a quarter of
+// fp32's bytes per weight): 32 columns per step and 3-token tiles; with two
+// accumulators a token's FMA latency chains would bound int8 at T == 1 below the DRAM stream.
 template <typename V, int A = 2, typename Load8, typename RowScale>
 inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                             int64_t r1, Load8 load8, RowScale row_scale) {

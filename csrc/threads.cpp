@@ -19,10 +19,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 // A waiting thread spins on the CPU this long, then spins with sched_yield until kYieldFor (a
 // decode step's Python side between two native calls is well under that), then sleeps (a
-// worker; the caller waiting for its workers never sleeps: they are running its region).
-// Measured with int8_a8 SmolLM2-135M decode on 2 cores: one process 185-212 tok/s for spins of
-// 0-30 us (OpenMP: 92 passive, 175-185 active); two such processes sharing the cores 88-110
-// tok/s each with a 20 ms yield phase, 63 with 2 ms (wake-ups), 18 with 200 us of plain spin.
+// worker; the caller waiting for its workers never sleeps: they are running its region). A
+// short plain spin is as fast as a long one for one process; for two processes sharing the
+// cores, a long yield phase keeps both fast where plain spinning (or frequent sleeping and
+// waking) slows both.
 constexpr auto kSpinFor = std::chrono::microseconds(5);
 constexpr auto kYieldFor = std::chrono::milliseconds(20);
 

@@ -5,7 +5,7 @@
 // wake-up per region, ~40 us in a VM: half of an int8 step on SmolLM2-135M. Workers that spin
 // without yielding (libgomp's active spin) are a disaster when the cores are shared: they burn
 // their time slice waiting for a thread that is not running (two 2-thread processes on 2 cores
-// went from 90 to 5 tok/s each). These workers spin briefly, then spin with sched_yield (a
+// each slow to a crawl). These workers spin briefly, then spin with sched_yield (a
 // waiting thread hands its core to whoever is runnable), then sleep; the regions of a step run
 // back to back, so the pool is as fast as active spinning and as polite as sleeping.
 #pragma once

@@ -17,11 +17,10 @@ template <int N>
 using Nt = std::integral_constant<int, N>;
 
 // One out-of-line function per (kernel, NT), looping over a block of rows: inlined together, the
-// instantiations made GCC spill general registers inside the NT == 1 loop (+40% instructions
-// for sparse_int8_a8, counted with callgrind), and a call per row cost ~60 instructions of
-// setup on 576-column rows. GCC (with LTO) still calls the AVX-512 sparse int4 rows once per row
-// here unless their lambda is marked always_inline, which they are: 1.33x (W4A8) and 1.1-1.2x
-// (W4A16) at 8 tokens on 576-column rows, the same at 1 (bitmask W8A8's rows: 0.97x, left alone).
+// instantiations made GCC spill general registers inside the NT == 1 loop (callgrind counts
+// them), and a call per row costs tens of instructions of setup on short rows. GCC (with LTO)
+// still calls the AVX-512 sparse int4 rows once per row here unless their lambda is marked
+// always_inline, which they are (it pays at several tokens; bitmask W8A8's rows did not gain).
 template <int NT, class Row>
 [[gnu::noinline]] void call_tile(Row& row, int64_t ra, int64_t rz, int64_t t0) {
   for (int64_t r = ra; r < rz; ++r) row(Nt<NT>{}, r, t0);
@@ -39,21 +38,14 @@ inline void run_tile(int64_t n, Row& row, int64_t ra, int64_t rz, int64_t t0) {
 // stream weights faster than they compute on them (the float-row kernels, W8A8 and dense int4)
 // call it once per step of their column loop with the address they read. With several tokens
 // per tile such a kernel does enough arithmetic per cache line that its out-of-order window no
-// longer covers the DRAM latency, and the hardware prefetcher alone did not keep up: fp32 with 4
-// tokens took 1.4-1.6x the time of 1 token, W8A8 (VNNI) with 8 tokens 1.7-2.4x; with this,
-// 1.0x and 1.5-1.7x (96 matrices of SmolLM2 shapes, 2 threads). 2 KB ahead was too short, 8
-// and 16 KB did the same. The AVX2 W4A16 and sparse kernels are compute-bound and gained
-// nothing (W4A16 lost 15%). At T == 1 it depends on the CPU (prefetch_single_stream(), cpu.cpp).
-// On the AMD EPYC (Zen 4) VMs fp32/fp16/bf16 rows and the 16-row-block W8A8 kernel streamed
-// faster without it (fp32 decode 1.23-1.25x, W8A8 1.11x), while int8 W8A16 and bitmask W8A8
-// gained 1.08-1.09x. On the AMD EPYC (Zen 3, AVX2 only) VMs it pays at T == 1 as well
-// (TinyLlama-1.1B decode, builds interleaved: int8_a8 1.18x, int4_g32_a8 1.16x, bf16 1.03x,
-// fp32 1.00x; SmolLM2-135M: int4_g32_a8 1.35x, bf16 1.12x, int8_a8 1.06x), so only AMD CPUs
-// with AVX-512 (Zen 4 on) skip it.
-// On the Intel Xeon (Sapphire Rapids) VMs the hardware prefetcher alone left bf16 rows at 18 of
-// the 25-30 GB/s two threads read (TinyLlama-1.1B shapes, out of the 260 MB L3): with it they
-// stream 27, fp32 31, dense int4 (AVX-512) 25 instead of 16; 16-row-block W8A8 stays at 30
-// either way, so it prefetches only for several tokens.
+// longer covers the DRAM latency, and the hardware prefetcher alone does not keep up with
+// several tokens per tile. 2 KB ahead was too short; 8 and 16 KB did the same. The AVX2 W4A16
+// and sparse kernels are compute-bound and do not use it. At T == 1 it depends on the CPU
+// (prefetch_single_stream(), cpu.cpp): AMD's AVX-512 cores (Zen 4 on) stream fp32/fp16/bf16
+// rows and the 16-row-block W8A8 kernel faster without it; AMD's AVX2-only cores and Intel's
+// (whose hardware prefetcher alone left bf16 rows well below the read bandwidth, out of a large
+// L3) stream faster with it. The 16-row-block W8A8 kernel on Intel prefetches only for several
+// tokens.
 constexpr int64_t kPrefetchAhead = 8192;
 
 inline void prefetch_ahead(const void* p) {
