@@ -224,6 +224,15 @@ def test_softmax_rows_large_logits_and_infinities():
                                   [0, 0.5, 0, 0.5])
 
 
+def test_softmax_an_infinite_logit_changes_only_its_own_row():
+    x = np.array([[1.0, np.inf, 2.0], [0.0, np.log(3.0), -np.inf], [2.0, 2.0, 2.0]])
+    got = softmax(x)
+    np.testing.assert_array_equal(got[0], [0.0, 1.0, 0.0])
+    np.testing.assert_allclose(got[1], [0.25, 0.75, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(got[2], [1 / 3] * 3, rtol=1e-12)
+    np.testing.assert_allclose(got[1:], softmax(x[1:]), rtol=0)  # as without the +inf row
+
+
 def test_log_softmax_matches_scipy_on_rows():
     x = np.random.default_rng(1).standard_normal((3, V)) * 30
     x[1, 4] = 1e4  # large logits must not overflow

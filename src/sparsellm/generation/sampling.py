@@ -91,11 +91,13 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
-    """Softmax in float64; +inf logits (an extreme repetition penalty) share all the mass."""
+    """Softmax over the last axis in float64; in a row with +inf logits (an extreme repetition
+    penalty) those share all the mass, and the other rows are untouched."""
     x = np.asarray(x, dtype=np.float64)
     top = np.isposinf(x)
-    if top.any():
-        x = np.where(top, 0.0, -np.inf)
+    rows = top.any(axis=-1, keepdims=True)
+    if rows.any():
+        x = np.where(rows, np.where(top, 0.0, -np.inf), x)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
