@@ -5,7 +5,8 @@
 
 #include <vector>
 
-#include "common.h"
+#include "aligned.h"
+#include "weight.h"
 
 namespace sl {
 
@@ -46,7 +47,7 @@ constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one 
 // it a GEMM runs (faster per token for prefill, but rounding differs): the integer GEMM of
 // the int8-activation formats on AVX2 (int16; int8 for dense int4) and AVX-512 (int8), and in
 // a prompt (LinearScratch::prompt) of weight-only int4 (AVX2, AVX-512) and int8 (AVX-512), which
-// keeps W8A8's GEMV bits (common.h GemmActs), otherwise weight panels decoded to fp32 once. The
+// keeps W8A8's GEMV bits (kernels.h GemmActs), otherwise weight panels decoded to fp32 once. The
 // limit is the format's, per activation type (kFmtTraits); set_gemv_max_tokens(n > 0)
 // overrides it for measurements, 0 restores the defaults.
 int64_t gemv_max_tokens(const Weight& w);

@@ -7,9 +7,10 @@
 
 #include <vector>
 
-#include "common.h"
+#include "aligned.h"
 #include "linear.h"
 #include "ops.h"
+#include "weight.h"
 
 namespace sl {
 

@@ -1,11 +1,13 @@
 // Non-GEMM transformer kernels: RMSNorm, RoPE, SwiGLU, residual add, softmax, causal GQA
-// attention over a KV cache. Each dispatches to ops_avx2.cpp or the scalar code in ops.cpp.
+// attention over a KV cache. Each dispatches (runtime/ops.cpp) to kernels/avx2/ops.cpp or the
+// scalar code in kernels/scalar/ops.cpp and runtime/ops.cpp.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
-#include "common.h"
+#include "aligned.h"
 
 namespace sl {
 
@@ -126,9 +128,9 @@ void softmax_inplace(float* x, int64_t n);
 MaxSum exp_inplace(float* x, int64_t n);
 }  // namespace avx2
 
-// Prompt attention (attention_avx2.cpp, attention_avx512.cpp): nq <= kAttendBlockQueries
-// consecutive tokens of one sequence, q / out rows ldq / ldo apart, each with G <=
-// kAttendMaxGroup query heads (hd a multiple of 8 for AVX2, of 16 for AVX-512) sharing the KV
+// Prompt attention (kernels/avx2/attention.cpp, kernels/avx512/attention.cpp): nq <=
+// kAttendBlockQueries consecutive tokens of one sequence, q / out rows ldq / ldo apart, each with G
+// <= kAttendMaxGroup query heads (hd a multiple of 8 for AVX2, of 16 for AVX-512) sharing the KV
 // head whose keys and values start at K / V; token t of the block sees keys [0, n0 + t). buf:
 // attend_block_floats(G, n0 + nq - 1, hd) floats, 64-byte aligned.
 constexpr int64_t kAttendBlockQueries = 16, kAttendMaxGroup = 16;

@@ -1,6 +1,6 @@
-// The prompt-attention block driver both ISA kernels share (attention_avx2.cpp,
-// attention_avx512.cpp; the contract of attend_block in ops.h): buf's layout, each row's query
-// and output pointers, the keys transposed into Kt, the score tiles, the softmax per row over
+// The prompt-attention block driver both ISA kernels share (kernels/avx2/attention.cpp,
+// kernels/avx512/attention.cpp; the contract of attend_block in ops.h): buf's layout, each row's
+// query and output pointers, the keys transposed into Kt, the score tiles, the softmax per row over
 // its own keys, the values as floats and the value tiles. Tiles, a type local to the including
 // file (so each object file has its own instantiation), brings the registers:
 //   kBlock: Kt is written in kBlock x kBlock blocks, transpose_keys(K, ld, n, hd, j, d, Kt, nk)
@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "ops.h"
-#include "tiles.h"
+#include "kernels/tiles.h"
 
 namespace sl {
 

@@ -41,7 +41,7 @@ inline void run_tile(int64_t n, Row& row, int64_t ra, int64_t rz, int64_t t0) {
 // longer covers the DRAM latency, and the hardware prefetcher alone does not keep up with
 // several tokens per tile. 2 KB ahead was too short; 8 and 16 KB did the same. The AVX2 W4A16
 // and sparse kernels are compute-bound and do not use it. At T == 1 it depends on the CPU
-// (prefetch_single_stream(), cpu.cpp): AMD's AVX-512 cores (Zen 4 on) stream fp32/fp16/bf16
+// (prefetch_single_stream(), runtime/cpu.cpp): AMD's AVX-512 cores (Zen 4 on) stream fp32/fp16/bf16
 // rows and the 16-row-block W8A8 kernel faster without it; AMD's AVX2-only cores and Intel's
 // (whose hardware prefetcher alone left bf16 rows well below the read bandwidth, out of a large
 // L3) stream faster with it. The 16-row-block W8A8 kernel on Intel prefetches only for several

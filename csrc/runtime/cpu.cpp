@@ -4,7 +4,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "common.h"
+#include "isa.h"
+#include "half.h"
 
 namespace sl {
 

@@ -7,11 +7,14 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "formats.h"
+#include "isa.h"
+#include "kernels.h"
 #include "threads.h"
 
 namespace sl {
 
-// The format's GEMV for this weight's activations on the active ISA (kFmtTraits, common.h).
+// The format's GEMV for this weight's activations on the active ISA (kFmtTraits, formats.h).
 static const Gemv& pick_gemv(const Weight& w) {
   const GemvSet& k = fmt_traits(w.fmt).gemvs(w.act_int8);
   if (use_avx512() && k.avx512.fn) return k.avx512;
@@ -31,7 +34,7 @@ int64_t int_gemm_act_group(const Weight& w) {
   if (fmt_traits(w.fmt).is_float || !use_avx2()) return -1;
   if (w.act_int8) return 0;
   if (use_avx512()) return fmt_traits(w.fmt).grouped ? w.group : 32;
-  // gemm_int_avx2.cpp: int4 (dense, bitmask) multiplies bytes; the others keep fp32 panels
+  // kernels/avx2/gemm_int.cpp: int4 (dense, bitmask) multiplies bytes; the others keep fp32 panels
   return is_int4(w.fmt) ? w.group : -1;
 }
 void set_gemv_max_tokens(int64_t n) { g_gemv_max_tokens = std::max<int64_t>(0, n); }
@@ -143,7 +146,7 @@ static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, in
   const Weight& w = *ws[0];
   const int64_t kp = w.kp, K = w.cols, group = int_gemm_act_group(w);
   const bool vnni = use_avx512();
-  bool int4 = false, int16 = false;  // AVX2: which kernels read them (gemm_int_avx2.cpp)
+  bool int4 = false, int16 = false;  // AVX2: which kernels read them (kernels/avx2/gemm_int.cpp)
   for (int i = 0; i < n; ++i)
     (is_int4(ws[i]->fmt) ? int4 : int16) = true;
   s.reserve(T, kp);
@@ -186,10 +189,10 @@ static void int_gemm_run(const Weight& w, const GemmActs& a, float* y, int64_t l
                });
 }
 
-// Bitmask fp32 prompts on AVX-512 multiply only the kept weights (gemm_sparse_avx512.cpp), from
-// this many tokens: below, each kept weight's scalar work (its column, its broadcast) is shared
-// by too few tokens, and the dense panel GEMM over decoded rows wins (the crossover measured at
-// TinyLlama-1.1B shapes, 50% sparse).
+// Bitmask fp32 prompts on AVX-512 multiply only the kept weights (kernels/avx512/gemm_sparse.cpp),
+// from this many tokens: below, each kept weight's scalar work (its column, its broadcast) is
+// shared by too few tokens, and the dense panel GEMM over decoded rows wins (the crossover measured
+// at TinyLlama-1.1B shapes, 50% sparse).
 constexpr int64_t kSparseF32GemmMinTokens = 64;
 
 static void sparse_f32_gemm(const Weight& w, const float* x, int64_t T, int64_t ldx, float* y,

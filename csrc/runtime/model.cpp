@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "formats.h"
 #include "ops.h"
 
 namespace sl {

@@ -1,8 +1,9 @@
-// Prompt attention with AVX2, the AVX-512 kernel's form (attention_avx512.cpp; both are this
-// file's register tiles for the driver in attention_block.h): a block of up to
+// Prompt attention with AVX2, the AVX-512 kernel's form (kernels/avx512/attention.cpp; both are
+// this file's register tiles for the driver in attention_block.h): a block of up to
 // kAttendBlockQueries consecutive tokens of one sequence, with the G query heads that share a KV
-// head, against that head's keys as two small GEMMs, where the per-token kernel (ops_avx2.cpp
-// attend) loads every key and value once per token and sums each score horizontally:
+// head, against that head's keys as two small GEMMs, where the per-token kernel
+// (kernels/avx2/ops.cpp attend) loads every key and value once per token and sums each score
+// horizontally:
 //   S = scale * Q K^T: the keys transposed (8 x 8 register blocks, converted from the cache's
 //   type) into Kt (hd, keys); 6 rows x 16 keys of scores accumulate as outer products, a
 //   broadcast query value times two key vectors (12 accumulators of the 16 ymm);
@@ -14,13 +15,13 @@
 // Each row's arithmetic is fixed by its own keys (zeroed scores add exact zeros), so a token's
 // result does not depend on the block or the thread it falls in; prompt chunks only
 // (AttnShape::prompt). The k loops are do-whiles: as for loops GCC 12 kept the accumulators in
-// memory (gemm_avx2.cpp).
+// memory (kernels/avx2/gemm.cpp).
 #include <immintrin.h>
 
 #include <type_traits>
 
-#include "attention_block.h"
-#include "simd_avx2.h"
+#include "kernels/attention_block.h"
+#include "kernels/avx2/simd.h"
 
 namespace sl::avx2 {
 

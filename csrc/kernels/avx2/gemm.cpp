@@ -10,9 +10,10 @@
 // L2, or from L3 at long k, once per few rows.
 #include <immintrin.h>
 
-#include "common.h"
+#include "aligned.h"
+#include "kernels.h"
 #include "linear.h"
-#include "simd_avx2.h"
+#include "kernels/avx2/simd.h"
 
 namespace sl::avx2 {
 

@@ -30,8 +30,10 @@
 #include <cstring>
 #include <type_traits>
 
-#include "common.h"
-#include "simd_avx2.h"
+#include "formats.h"
+#include "aligned.h"
+#include "kernels.h"
+#include "kernels/avx2/simd.h"
 
 namespace sl::avx2 {
 

@@ -1,9 +1,9 @@
 // Dense fp32 / fp16 / bf16 GEMV, AVX2+FMA+F16C: the shared widen-and-FMA row loop of
-// simd_avx2.h with one 8-wide load per storage type (row scale 1).
+// kernels/avx2/simd.h with one 8-wide load per storage type (row scale 1).
 #include <immintrin.h>
 
-#include "common.h"
-#include "simd_avx2.h"
+#include "kernels.h"
+#include "kernels/avx2/simd.h"
 
 namespace sl::avx2 {
 

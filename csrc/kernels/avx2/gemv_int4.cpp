@@ -1,13 +1,15 @@
 // Int4 group-wise GEMV (fp32 activations), AVX2. One 16-byte load gives 32 weights; nibbles are
 // widened to fp32 and FMA'd against x; the per-group scale and zero point are applied once per
-// group (see gemv_int4.cpp for the algebra). The group size is a compile-time constant
-// (with_group): read at run time, the per-group loop's bookkeeping costs a large part of the
-// weight bandwidth at T == 1.
+// group (see kernels/scalar/gemv_int4.cpp for the algebra). The group size is a compile-time
+// constant (with_group): read at run time, the per-group loop's bookkeeping costs a large part of
+// the weight bandwidth at T == 1.
 #include <immintrin.h>
 
-#include "common.h"
-#include "simd_avx2.h"
-#include "tiles.h"
+#include "isa.h"
+#include "aligned.h"
+#include "kernels.h"
+#include "kernels/avx2/simd.h"
+#include "kernels/tiles.h"
 
 namespace sl::avx2 {
 

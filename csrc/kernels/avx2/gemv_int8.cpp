@@ -1,12 +1,14 @@
 // Int8 per-output-channel GEMV, AVX2. W8A16 widens int8 -> fp32 and FMAs; W8A8 widens both
-// sides to int16 and multiplies with madd (exact for every int8, -128 included; simd_avx2.h).
+// sides to int16 and multiplies with madd (exact for every int8, -128 included;
+// kernels/avx2/simd.h).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "common.h"
-#include "simd_avx2.h"
+#include "isa.h"
+#include "kernels.h"
+#include "kernels/avx2/simd.h"
 
 namespace sl::avx2 {
 
@@ -15,7 +17,7 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
   __m256 m = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), absmask));
   const float amax = hmax(m);
-  *scale = amax / 127.5f;  // compressed-tensors' grid (gemv_int8.cpp)
+  *scale = amax / 127.5f;  // compressed-tensors' grid (kernels/scalar/gemv_int8.cpp)
   if (*scale == 0.f) {  // all zeros (or so tiny that the scale underflows)
     for (int64_t i = 0; i < n; ++i) q[i] = 0;
     return;
@@ -74,7 +76,7 @@ void gemv_i8_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
   });
 }
 
-// W8A8 over the 16-row blocks of Fmt::I8_R16 (common.h): per 4 columns, the block's 64 bytes
+// W8A8 over the 16-row blocks of Fmt::I8_R16 (weight.h): per 4 columns, the block's 64 bytes
 // (rows 0-15 x 4 columns) are widened to four int16 vectors of 4 rows each, once per tile; each
 // token of the tile broadcasts its 4 activations (as int16) and costs 4 x (madd, add), exact
 // for every int8 (see dot_i8). Each int32 lane holds 2 of a row's products: 2 lanes per row,

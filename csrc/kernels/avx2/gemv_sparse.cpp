@@ -1,10 +1,10 @@
-// Sparse GEMV, AVX2 (layouts documented in gemv_sparse.cpp).
+// Sparse GEMV, AVX2 (layouts documented in kernels/scalar/gemv_sparse.cpp).
 //
 // Bitmask formats expand the packed values back to dense columns in registers with shuffles
 // whose controls come from 256-entry tables indexed by a mask byte; the value pointer then
 // advances by popcount(mask byte). Weights are read once, in order. The integer-activation
 // kernels (W8A8, W4A8) and W4A16 expand 16 columns at a time straight to int16
-// (simd_avx2.h expand32_i16; int4 rows are unpacked to bytes first, unpack_sp_i4_row); the
+// (kernels/avx2/simd.h expand32_i16; int4 rows are unpacked to bytes first, unpack_sp_i4_row); the
 // fp32 and W8A16 ones 8 columns to fp32. The expansion costs the same instructions whatever
 // the density, so at T = 1 these kernels are compute-bound on AVX2: ~45 instructions per 32
 // columns (bitmask W8A8), about half the dense int8 GEMV's weights per second per core. Variants
@@ -21,8 +21,10 @@
 // 4 instructions per 64 columns and the 32 packed weights are used as they are.
 #include <immintrin.h>
 
-#include "common.h"
-#include "simd_avx2.h"
+#include "aligned.h"
+#include "kernels/codegen.h"
+#include "kernels.h"
+#include "kernels/avx2/simd.h"
 
 namespace sl::avx2 {
 
@@ -35,7 +37,7 @@ template <typename V, typename Expand8, typename RowScale>
 static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy,
                                       int64_t r0, int64_t r1, Expand8 expand8,
                                       RowScale row_scale) {
-  static_assert(inlined_callables<Expand8, RowScale>, "pass closure objects (common.h)");
+  static_assert(inlined_callables<Expand8, RowScale>, "pass closure objects (kernels/codegen.h)");
   const V* vals = static_cast<const V*>(w.data);
   const int64_t kp = w.kp;
   for_rows_and_tiles<4>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {
@@ -63,7 +65,7 @@ static inline void bitmask_float_rows(const Weight& w, const Acts& a, float* y, 
 }
 
 // 8 dense columns from the packed values at v for mask byte m, as fp32 (int8: unscaled). Closure
-// objects (inlined_callables, common.h).
+// objects (inlined_callables, kernels/codegen.h).
 constexpr auto expand8_f32 = [](const float* v, uint32_t m) {
   return _mm256_and_ps(
       _mm256_permutevar8x32_ps(_mm256_loadu_ps(v),
@@ -91,7 +93,7 @@ void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 template <typename V, typename Expand8, typename RowScale>
 static void decode_bitmask_rows(const Weight& w, int64_t r0, int64_t r1, float* out,
                                 Expand8 expand8, RowScale row_scale) {
-  static_assert(inlined_callables<Expand8, RowScale>, "pass closure objects (common.h)");
+  static_assert(inlined_callables<Expand8, RowScale>, "pass closure objects (kernels/codegen.h)");
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* mrow = w.mask + r * (w.kp / 8);
     const V* v = static_cast<const V*>(w.data) + w.row_off[r];

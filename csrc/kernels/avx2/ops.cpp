@@ -1,11 +1,13 @@
-// Transformer ops, AVX2+FMA twins of ops.cpp's scalar reference (same math, vectorized).
+// Transformer ops, AVX2+FMA twins of runtime/ops.cpp's scalar reference (same math, vectorized).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "ops.h"
-#include "simd_avx2.h"
+#include "half.h"
+#include "kernels/codegen.h"
+#include "kernels/avx2/simd.h"
 
 namespace sl::avx2 {
 

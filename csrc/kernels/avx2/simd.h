@@ -1,9 +1,11 @@
-// Small AVX2 helpers shared by the *_avx2.cpp kernels (only include from those files).
+// Small AVX2 helpers shared by the kernels/avx2/ kernels (only include from those files).
 #pragma once
 #include <immintrin.h>
 
-#include "common.h"
-#include "tiles.h"
+#include "isa.h"
+#include "kernels/codegen.h"
+#include "kernels.h"
+#include "kernels/tiles.h"
 
 namespace sl::avx2 {
 
@@ -78,8 +80,8 @@ inline __m256i dot_i8(__m256i acc, const I16x32& w, __m256i x) {
                                                 _mm256_madd_epi16(w.hi, xw.hi)));
 }
 
-// Bitmask expansion (gemv_sparse_avx2.cpp, gemm_int_avx2.cpp): a mask byte indexes a table of
-// shuffle controls that place the packed values in their columns.
+// Bitmask expansion (kernels/avx2/gemv_sparse.cpp, kernels/avx2/gemm_int.cpp): a mask byte indexes
+// a table of shuffle controls that place the packed values in their columns.
 // Built at compile time (constexpr): files compiled with -mavx2 must not run any code at load
 // time on a CPU that may lack AVX2.
 struct Tables {
@@ -150,7 +152,7 @@ inline I16x32 expand32_i16(const int8_t*& v, uint32_t m) {
   return w;
 }
 
-// A bitmask int4 row's nibble stream (SP_I4, common.h: each 64-column word's values start on a
+// A bitmask int4 row's nibble stream (SP_I4, weight.h: each 64-column word's values start on a
 // byte, the even ranks in low nibbles) -> its values as bytes in rank order, each value in the
 // high nibble (16 x the value as int8). The int4 kernels then expand a row as the int8 ones do
 // (expand32_i16<12>, expand16_i8): per word one 32-byte load, two ands, a shift, two unpacks
@@ -202,7 +204,8 @@ inline uint32_t load_u32(const uint8_t* p) {
 }
 
 // 2:4: build the pshufb control for one 64-column block from its selectors (see layout notes
-// in gemv_sparse.cpp): qword s of the result holds slot s's 8 column indices within its chunk.
+// in kernels/scalar/gemv_sparse.cpp): qword s of the result holds slot s's 8 column indices within
+// its chunk.
 inline __m256i s24_control(uint64_t meta) {
   const __m256i sel = _mm256_and_si256(
       _mm256_srlv_epi64(_mm256_set1_epi64x(int64_t(meta)), _mm256_setr_epi64x(0, 2, 4, 6)),
@@ -211,7 +214,7 @@ inline __m256i s24_control(uint64_t meta) {
   return _mm256_add_epi8(sel, base);
 }
 
-// The row scale of unscaled weights, a closure object (inlined_callables, common.h).
+// The row scale of unscaled weights, a closure object (inlined_callables, kernels/codegen.h).
 constexpr auto unit_scale = [](int64_t) { return 1.f; };
 
 // Dense rows whose weights widen to fp32 8 at a time (fp32 / fp16 / bf16 / int8 W8A16):
@@ -227,7 +230,7 @@ template <typename V, int A = 2, typename Load8, typename RowScale>
 inline void gemv_float_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                             int64_t r1, Load8 load8, RowScale row_scale) {
   static_assert(A == 2 || A == 4, "2 or 4 accumulators per token");
-  static_assert(inlined_callables<Load8, RowScale>, "pass closure objects (common.h)");
+  static_assert(inlined_callables<Load8, RowScale>, "pass closure objects (kernels/codegen.h)");
   const int64_t kp = w.kp;
   const bool prefetch_one = A == 4 || prefetch_single_stream();  // at T == 1 too (tiles.h)
   for_rows_and_tiles<A == 2 ? 5 : 3>(r0, r1, a.T, [&](auto nt, int64_t r, int64_t t0) {

@@ -1,7 +1,7 @@
 // Prompt attention with AVX-512 (this file's register tiles for the driver in
 // attention_block.h): a block of up to kAttendBlockQueries consecutive tokens of one sequence,
 // with the G query heads that share a KV head, against that head's keys as two small GEMMs.
-// The per-token kernel (ops_avx2.cpp attend) loads every key and value once per token; here
+// The per-token kernel (kernels/avx2/ops.cpp attend) loads every key and value once per token; here
 // a block's m = tokens x G query rows share them:
 //   S = scale * Q K^T: the keys are first transposed (16 x 16 register blocks, converted from
 //   the cache's type) into Kt (hd, keys), so 12 rows x 32 keys of scores accumulate as outer
@@ -12,7 +12,7 @@
 //   four value vectors, divided by the row's sum at the end.
 // Each row's arithmetic is fixed by its own keys (zeroed scores add exact zeros), so a token's
 // result does not depend on the block or the thread it falls in. It is not the per-token
-// kernel's (ops_avx2.cpp attend), so only prompt chunks take it (AttnShape::prompt), where
+// kernel's (kernels/avx2/ops.cpp attend), so only prompt chunks take it (AttnShape::prompt), where
 // its register tiles reuse each loaded key and value across 6 queries.
 #include <immintrin.h>
 
@@ -20,8 +20,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "attention_block.h"
-#include "simd_avx512.h"
+#include "kernels/attention_block.h"
+#include "kernels/codegen.h"
+#include "kernels/avx512/simd.h"
 
 namespace sl::avx512 {
 

@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "common.h"
+#include "kernels.h"
 
 namespace sl::avx512 {
 

@@ -9,8 +9,9 @@
 // 256 columns paid their accumulators' reload and store 4x as often.
 #include <immintrin.h>
 
-#include "common.h"
-#include "simd_avx512.h"
+#include "aligned.h"
+#include "kernels.h"
+#include "kernels/avx512/simd.h"
 #include "linear.h"
 
 namespace sl::avx512 {

@@ -1,5 +1,5 @@
 // Prefill GEMM of the integer weight formats with AVX-512 VNNI. Each thread expands its weight
-// rows, 128 at a time, into 16-row int8 blocks (Fmt::I8_R16's layout, common.h, with signed
+// rows, 128 at a time, into 16-row int8 blocks (Fmt::I8_R16's layout, weight.h, with signed
 // values: w - z for int4), and multiplies them by the chunk's activations as unsigned bytes
 // (x + 128). The unsigned side's offset adds 128 * sum(w) to a dot product: a block stores
 // -128 * sum(w) per period of columns, and each dot product starts from it.
@@ -25,8 +25,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "common.h"
-#include "simd_avx512.h"
+#include "formats.h"
+#include "aligned.h"
+#include "kernels/codegen.h"
+#include "kernels.h"
+#include "kernels/avx512/simd.h"
 
 namespace sl::avx512 {
 
@@ -112,11 +115,11 @@ struct SpI4Rows : BitmaskRows<uint8_t> {  // Fmt::SP_I4: a word's signed nibbles
   }
 };
 
-// Fmt::S24_I8 (gemv_sparse.cpp): a 64-column block's 32 values and 2-bit selectors. The values
-// are arranged with a vpermb so that 128-bit lane c holds chunk c's 8 (columns 16c..16c+15),
-// and a vpshufb places them: column j of the lane is group m = j / 4, which holds values 2m
-// (at j % 4 == sel(2m)) and 2m + 1 (at sel(2m + 1), which wins a tie, as in the scalar walk);
-// vpmultishiftqb reads each byte's two selectors out of the broadcast meta word.
+// Fmt::S24_I8 (kernels/scalar/gemv_sparse.cpp): a 64-column block's 32 values and 2-bit selectors.
+// The values are arranged with a vpermb so that 128-bit lane c holds chunk c's 8 (columns
+// 16c..16c+15), and a vpshufb places them: column j of the lane is group m = j / 4, which holds
+// values 2m (at j % 4 == sel(2m)) and 2m + 1 (at sel(2m + 1), which wins a tie, as in the scalar
+// walk); vpmultishiftqb reads each byte's two selectors out of the broadcast meta word.
 struct S24Tables {
   alignas(64) uint8_t arrange[64] = {}, sel0[64] = {}, sel1[64] = {}, idx0[64] = {},
                       idx1[64] = {}, col[64] = {};

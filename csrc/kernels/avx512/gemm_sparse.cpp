@@ -2,22 +2,22 @@
 // kept weights: per kept weight w[r, k], up to 128 tokens' activations at column k (the chunk
 // transposed, k-major: one vector per 16 tokens) are FMAd with w broadcast into row r's
 // accumulators, so a 50%-sparse row costs half the FMAs of a dense one. The dense panel GEMM
-// (gemm_avx512.cpp) multiplies every weight, zeros included, after decoding sparse panels to
-// dense ones.
+// (kernels/avx512/gemm.cpp) multiplies every weight, zeros included, after decoding sparse panels
+// to dense ones.
 //
 // Per kept weight: one broadcast and a load + FMA per 16 tokens. A block of kKBlock columns of
 // the transposed activations (64 x 128 floats, 32 KB) is walked by kRows rows in turn, their
 // accumulators saved between blocks in a (kRows x 128) buffer (32 KB; 16 and 128 rows were
 // slower). Each output accumulates its kept weights in column order whatever T is (batch
 // invariant). It beats the dense panel GEMM on the same weights from kSparseF32GemmMinTokens
-// tokens (linear.cpp).
+// tokens (runtime/linear.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "common.h"
-#include "simd_avx512.h"
+#include "kernels.h"
+#include "kernels/avx512/simd.h"
 
 namespace sl::avx512 {
 

@@ -1,35 +1,17 @@
-// W8A8 GEMV with AVX-512 VNNI, its bitmask-sparse twin with VBMI2 and 2:4 twin with VBMI, and
-// bitmask-sparse int4 with VBMI (compiled with those flags; only called when cpu.cpp found
-// AVX512F/BW/VL/VNNI/VBMI/VBMI2).
-//
-// vpdpbusd multiplies 64 unsigned by 64 signed bytes and adds each group of 4 products into 16
-// int32 lanes: one instruction per 64 weights per token, against 8 for the AVX2 sign/maddubs
-// chain, so batched decode, verification and prefill stop being compute-bound. The weights are
-// the unsigned operand, offset by 128 (w ^ 0x80 == w + 128 as a byte, 0..255: -128 is 0),
-// and the offset's share, 128 * sum(x), is subtracted once per token (Acts::xsum):
-// the int32 dot product is exact, bitwise the value of the AVX2 and scalar kernels.
+// Sparse GEMV, AVX-512 (layouts documented in kernels/scalar/gemv_sparse.cpp): bitmask W8A8
+// with VBMI2 and 2:4 W8A8 with VBMI (VNNI), bitmask int4 with VBMI (W4A16, and W4A8 with VNNI),
+// and on fp32 activations bitmask and 2:4 int8 (W8A16) and bitmask fp32 (widened to fp32,
+// gemv.h). Compiled with this folder's flags; only called when runtime/cpu.cpp found
+// AVX512F/BW/VL/VNNI/VBMI/VBMI2.
 //
 // The bitmask format expands a row's packed values to 64 dense columns with one vpexpandb per
-// 64-bit mask word (AVX2 needs ~10 instructions per 16 columns, see gemv_sparse_avx2.cpp):
+// 64-bit mask word (AVX2 needs ~10 instructions per 16 columns, see kernels/avx2/gemv_sparse.cpp):
 // dropped columns get the offset byte, 0x80, i.e. weight 0.
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cstring>
-#include <type_traits>
-
-#include "common.h"
-#include "simd_avx512.h"
-#include "tiles.h"
+#include "kernels/avx512/gemv.h"
 
 namespace sl::avx512 {
 
 namespace {
-// Tokens per tile: each has one zmm accumulator, and a weight vector is loaded (or expanded)
-// once per tile. 16-token tiles were slower than two 8-token passes over a row (which the
-// second reads from L1) for the bitmask kernel; the dense 16-row-block kernel ran the same.
-constexpr int kMaxNT = 8;
-
 // The 16-lane sums of 8 accumulators, as 8 int32 lanes: a transposing add tree of ~25
 // instructions where 8 separate reductions took ~70. With 576-column rows a token's dot
 // product is only 9 vpdpbusd, so the reductions were a third of a batched row's work.
@@ -43,21 +25,6 @@ inline __m256i reduce8(const __m512i* acc) {
   const __m256i s0123 = _mm256_hadd_epi32(s01, s23), s4567 = _mm256_hadd_epi32(s45, s67);
   return _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
                           _mm256_permute2x128_si256(s0123, s4567, 0x31));
-}
-
-// The end of a group of the W4A8 kernels' int32 dots at columns [k, k + 64) (of two groups when
-// G == 32: lanes 0-7 and 8-15 hold different ones): acc[t] += float(dot[t]) * the groups'
-// scales, and dot[t] starts again.
-template <int G, int NT>
-inline void scale_group_dots(const float* sc, int64_t k, __m512i* dot, __m512* acc) {
-  const __m512 s = G > 32 ? _mm512_set1_ps(sc[k / G])
-                          : _mm512_castpd_ps(_mm512_insertf64x4(
-                                _mm512_castps_pd(_mm512_set1_ps(sc[k / 32])),
-                                _mm256_castps_pd(_mm256_set1_ps(sc[k / 32 + 1])), 1));
-  for (int t = 0; t < NT; ++t) {
-    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), s, acc[t]);
-    dot[t] = _mm512_setzero_si512();
-  }
 }
 
 // Row by row, for the bitmask kernel: load64(r) yields the offset weights of row r's next 64
@@ -98,52 +65,6 @@ inline void vnni_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int
 }
 }  // namespace
 
-// Dense W8A8 over the 16-row blocks of Fmt::I8_R16 (common.h): per 4 columns one 64-byte load
-// (16 rows x 4 weights) and one vpdpbusd per token with the token's 4 activations broadcast, so
-// each token's zmm accumulates the 16 rows' dot products. With 8 tokens, hot in L2, this runs at
-// vpdpbusd's peak of one per cycle; row by row with the add tree above it ran at about half.
-// Software prefetch only for tiles of several tokens: a single token streams DRAM faster
-// without it (see tiles.h).
-namespace {
-// One block (16 rows from row r, 16 * kp bytes; scale16: the rows' 16 scales, zero past r1)
-// against tokens [t0, t0 + NT).
-template <int NT>
-inline void r16_block_tokens(const int8_t* blk, const float* scale16, int64_t kp, const Acts& a,
-                             float* y, int64_t ldy, int64_t r, int64_t r1, int64_t t0) {
-  const __m512i offset = _mm512_set1_epi8(char(0x80));
-  const int8_t* xq = a.xq + t0 * kp;
-  __m512i acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_si512();
-  for (int64_t k = 0; k < kp; k += 4) {
-    if constexpr (NT > 1) prefetch_ahead(blk + 16 * k);
-    const __m512i wu = _mm512_xor_si512(_mm512_loadu_si512(blk + 16 * k), offset);
-    for (int t = 0; t < NT; ++t) {
-      int32_t x4;
-      std::memcpy(&x4, xq + t * kp + k, 4);
-      acc[t] = _mm512_dpbusd_epi32(acc[t], wu, _mm512_set1_epi32(x4));
-    }
-  }
-  // y = float(dot - 128 * xsum) * (xscale * scale): the other kernels' float operations.
-  const __mmask16 store = r1 - r >= kRowBlock16 ? 0xffff : (1u << (r1 - r)) - 1;
-  const __m512 scale = _mm512_loadu_ps(scale16);
-  for (int t = 0; t < NT; ++t) {
-    const __m512i dot = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(128 * a.xsum[t0 + t]));
-    const __m512 s = _mm512_mul_ps(_mm512_set1_ps(a.xscale[t0 + t]), scale);
-    _mm512_mask_storeu_ps(y + (t0 + t) * ldy + r, store,
-                          _mm512_mul_ps(_mm512_cvtepi32_ps(dot), s));
-  }
-}
-}  // namespace
-
-void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  for_rows_and_tiles<kMaxNT>(r0 / kRowBlock16, row_blocks16(r1), a.T, [&](auto nt, int64_t b,
-                                                                          int64_t t0) {
-    const int64_t r = b * kRowBlock16;
-    r16_block_tokens<decltype(nt)::value>(r16_block(w, b), w.scale + r, w.kp, a, y, ldy, r, r1,
-                                          t0);
-  });
-}
-
 // Reads up to 63 bytes past a row's last value: the packed values end with 64 bytes of padding
 // (formats._VALUE_PAD).
 void gemv_sp_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -175,9 +96,6 @@ struct Spread {
   }
 };
 constexpr Spread kSpread{};
-constexpr int kMaxNT4 = 8;  // tokens per tile of the int4 W4A8 kernels (one accumulator each)
-// ... of the int4 W4A16 ones: 4 accumulators per token, 4 weight vectors (+ 2 tables, dense)
-constexpr int kMaxNTI4 = 5;
 
 }  // namespace
 
@@ -230,128 +148,6 @@ void sp_i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r
 
 void gemv_sp_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   with_group(w.group, [&](auto g) { sp_i4_rows<decltype(g)::value>(w, a, y, ldy, r0, r1); });
-}
-
-
-// Dense int4 with fp32 activations (W4A16). A group's 16 possible weights, (q - z) * s, are a
-// 16-entry vpermps table built once per group, and the nibbles index it straight from the bytes: a
-// 16-byte block's bytes zero-extended to dwords hold its low nibbles (columns 0..15) in their low 4
-// bits, the only bits vpermps reads of an index, and the same dwords shifted right by 4 its high
-// nibbles (columns 16..31). Per 32 columns: one widening, one shift, two vpermps and one FMA per
-// token, against ~20 instructions in the AVX2 kernel's widen-convert-FMA chain, which bounds that
-// below the DRAM stream. The group's scale and zero point live in the table, so no group sums.
-namespace {
-
-template <bool Asym, int G>
-void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const uint8_t* W = static_cast<const uint8_t*>(w.data);
-  const int64_t kp = w.kp, ng = kp / G;
-  const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
-    constexpr int NT = decltype(nt)::value;
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const uint8_t* q = W + r * (kp / 2);
-    const float* sc = w.scale + r * ng;
-    const uint8_t* zp = Asym ? w.zero + r * ng : nullptr;
-    const float* x = a.x + t0 * kp;
-    const auto table = [&](int64_t g) {  // (q - z) * s for q = 0..15
-      const __m512 z = _mm512_set1_ps(Asym ? float(zp[g]) : 8.f);
-      return _mm512_mul_ps(_mm512_sub_ps(iota, z), _mm512_set1_ps(sc[g]));
-    };
-    __m512 acc[NT][4];
-    for (int t = 0; t < NT; ++t)
-      for (int i = 0; i < 4; ++i) acc[t][i] = _mm512_setzero_ps();
-    __m512 tab0 = _mm512_setzero_ps(), tab1 = tab0;
-    for (int64_t k = 0; k < kp; k += 64) {
-      if ((k & 127) == 0) prefetch_ahead(q + k / 2);
-      if constexpr (G == 32) {
-        tab0 = table(k / 32);
-        tab1 = table(k / 32 + 1);
-      } else if (k % G == 0) {
-        tab0 = tab1 = table(k / G);
-      }
-      const __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(q + k / 2)));
-      const __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(q + k / 2 + 16)));
-      const __m512 wf[4] = {_mm512_permutexvar_ps(b0, tab0),
-                            _mm512_permutexvar_ps(_mm512_srli_epi32(b0, 4), tab0),
-                            _mm512_permutexvar_ps(b1, tab1),
-                            _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), tab1)};
-      for (int t = 0; t < NT; ++t)
-        for (int i = 0; i < 4; ++i)
-          acc[t][i] = _mm512_fmadd_ps(wf[i], _mm512_loadu_ps(x + t * kp + k + 16 * i), acc[t][i]);
-    }
-    for (int t = 0; t < NT; ++t)
-      y[(t0 + t) * ldy + r] = reduce_add4(acc[t]);
-  };
-  for_rows_and_tiles<kMaxNTI4>(r0, r1, a.T, row);
-}
-
-}  // namespace
-
-void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  with_group(w.group, [&](auto g) {  // group size and zero points as compile-time constants
-    constexpr int G = decltype(g)::value;
-    w.asym ? i4_rows<true, G>(w, a, y, ldy, r0, r1) : i4_rows<false, G>(w, a, y, ldy, r0, r1);
-  });
-}
-
-
-// Dense int4 with int8 activations (W4A8), VNNI. Two 16-byte blocks (64 columns) become 64
-// unsigned bytes in column order (i4_columns64, four instructions); vpdpbusd adds each token's
-// 4-column products into 16 int32 lanes, exact over a group, which are converted and scaled
-// at the group's end (per 64 columns when G == 32: lanes 0-7 and 8-15 are different groups).
-// The zero points' share, sum_g s_g z_g (group sum of xq), is subtracted once per row and
-// token (Acts::gsum).
-namespace {
-template <bool Asym, int G>
-void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const uint8_t* W = static_cast<const uint8_t*>(w.data);
-  const int64_t kp = w.kp, ng = kp / G;
-  const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
-    constexpr int NT = decltype(nt)::value;
-    const uint8_t* q = W + r * (kp / 2);
-    const float* sc = w.scale + r * ng;
-    const int8_t* xq = a.xq + t0 * kp;
-    __m512 acc[NT];
-    __m512i dot[NT];
-    for (int t = 0; t < NT; ++t) {
-      acc[t] = _mm512_setzero_ps();
-      dot[t] = _mm512_setzero_si512();
-    }
-    for (int64_t k = 0; k < kp; k += 64) {
-      if ((k & 127) == 0) prefetch_ahead(q + k / 2);
-      const __m512i u = i4_columns64(q + k / 2);
-      for (int t = 0; t < NT; ++t)
-        dot[t] = _mm512_dpbusd_epi32(dot[t], u, _mm512_loadu_si512(xq + t * kp + k));
-      if (G == 32 || (k + 64) % G == 0) scale_group_dots<G, NT>(sc, k, dot, acc);
-    }
-    const uint8_t* zp = Asym ? w.zero + r * ng : nullptr;
-    for (int t = 0; t < NT; ++t) {
-      const float* gs = a.gsum + (t0 + t) * ng;
-      __m512 zero_term = _mm512_setzero_ps();  // sum_g s_g z_g gsum_g, 16 groups at a time
-      for (int64_t g = 0; g < ng; g += 16) {
-        const __mmask16 m = ng - g >= 16 ? 0xffff : (1u << (ng - g)) - 1;
-        const __m512 z = Asym ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                    _mm_maskz_loadu_epi8(m, zp + g)))
-                              : _mm512_set1_ps(8.f);
-        zero_term = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, sc + g), z),
-                                    _mm512_maskz_loadu_ps(m, gs + g), zero_term);
-      }
-      y[(t0 + t) * ldy + r] =
-          (_mm512_reduce_add_ps(acc[t]) - _mm512_reduce_add_ps(zero_term)) * a.xscale[t0 + t];
-    }
-  };
-  for_rows_and_tiles<kMaxNT4>(r0, r1, a.T, row);
-}
-
-}  // namespace
-
-void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  with_group(w.group, [&](auto g) {
-    constexpr int G = decltype(g)::value;
-    w.asym ? i4a8_rows<true, G>(w, a, y, ldy, r0, r1) : i4a8_rows<false, G>(w, a, y, ldy, r0, r1);
-  });
 }
 
 
@@ -466,6 +262,106 @@ void gemv_s24_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_
       y[(t0 + t) * ldy + r] = float(dot) * (a.xscale[t0 + t] * w.scale[r]);
     }
   });
+}
+
+// The bitmask kernels read up to 63 bytes past a row's last value: the packed values end with
+// 64 bytes of padding (formats._VALUE_PAD).
+void gemv_sp_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  widen_rows(w, a, y, ldy, r0, r1, [&](int64_t r) {
+    return [v = V + w.row_off[r], m = w.mask + r * (w.kp / 8)](__m512* wf) mutable {
+      prefetch_ahead(v);
+      prefetch_ahead(m);
+      uint64_t bits;
+      std::memcpy(&bits, m, 8);
+      const __m512i e = _mm512_maskz_expand_epi8(bits, _mm512_loadu_si512(v));
+      wf[0] = widen16(_mm512_castsi512_si128(e));
+      wf[1] = widen16(_mm512_extracti32x4_epi32(e, 1));
+      wf[2] = widen16(_mm512_extracti32x4_epi32(e, 2));
+      wf[3] = widen16(_mm512_extracti32x4_epi32(e, 3));
+      v += __builtin_popcountll(bits);
+      m += 8;
+    };
+  });
+}
+
+void gemv_sp_f32(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const float* V = static_cast<const float*>(w.data);
+  widen_rows(w, a, y, ldy, r0, r1, [&](int64_t r) {
+    return [v = V + w.row_off[r], m = w.mask + r * (w.kp / 8)](__m512* wf) mutable {
+      prefetch_ahead(v);
+      prefetch_ahead(v + 16);
+      prefetch_ahead(m);
+      for (int i = 0; i < 4; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, m + 2 * i, 2);
+        wf[i] = _mm512_maskz_expand_ps(bits, _mm512_loadu_ps(v));
+        v += __builtin_popcount(bits);
+      }
+      m += 8;
+    };
+  });
+}
+
+// 2:4 int8 (Fmt::S24_I8, layout in gemv_sparse.cpp): its 32 values per 64 columns widen to fp32
+// as stored, and each token's activations are gathered to them, 16 at a time with a vpermt2ps
+// over the two 16-column chunks a pair of slots holds (slots 0 and 1: chunks 0 and 2; slots 2
+// and 3: chunks 1 and 3), indexed by the selectors (vpmultishiftqb) plus the value's group.
+// Half the conversions of expanding to 64 columns first.
+namespace {
+struct S24Index {
+  alignas(32) uint8_t shift[32] = {}, base[32] = {};
+  constexpr S24Index() {
+    for (int i = 0; i < 32; ++i) {
+      const int s = i / 8, b = i % 8;
+      shift[i] = uint8_t(s24_selector_bit(i));
+      base[i] = uint8_t(16 * (s % 2) + 4 * (b / 2));
+    }
+  }
+};
+constexpr S24Index kS24Index{};
+constexpr int kMaxNTS24 = 5;  // 4 accumulators per token, as widen_rows
+}  // namespace
+
+void gemv_s24_i8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int8_t* V = static_cast<const int8_t*>(w.data);
+  const int64_t kp = w.kp, nb = kp / 64;
+  const auto row = [&](auto nt, int64_t r, int64_t t0) __attribute__((always_inline)) {
+    constexpr int NT = decltype(nt)::value;
+    const __m256i shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(kS24Index.shift));
+    const __m256i base = _mm256_load_si256(reinterpret_cast<const __m256i*>(kS24Index.base));
+    const int8_t* v = V + r * (kp / 2);
+    const uint64_t* meta = w.meta + r * nb;
+    const float* x0 = a.x + t0 * kp;
+    __m512 acc[NT][4];  // per token: slots 0-1 and 2-3, even and odd blocks
+    for (int t = 0; t < NT; ++t)
+      for (int i = 0; i < 4; ++i) acc[t][i] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      prefetch_ahead(v + blk * 32);
+      const __m256i idx8 = _mm256_add_epi8(
+          _mm256_and_si256(_mm256_multishift_epi64_epi8(shift, _mm256_set1_epi64x(int64_t(meta[blk]))),
+                           _mm256_set1_epi8(3)),
+          base);
+      const __m512i idx0 = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(idx8));
+      const __m512i idx1 = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(idx8, 1));
+      const __m512 w0 = widen16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + blk * 32)));
+      const __m512 w1 =
+          widen16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + blk * 32 + 16)));
+      const int p = 2 * int(blk & 1);
+      for (int t = 0; t < NT; ++t) {
+        const float* x = x0 + t * kp + blk * 64;
+        const __m512 g0 =
+            _mm512_permutex2var_ps(_mm512_loadu_ps(x), idx0, _mm512_loadu_ps(x + 32));
+        const __m512 g1 =
+            _mm512_permutex2var_ps(_mm512_loadu_ps(x + 16), idx1, _mm512_loadu_ps(x + 48));
+        acc[t][p] = _mm512_fmadd_ps(w0, g0, acc[t][p]);
+        acc[t][p + 1] = _mm512_fmadd_ps(w1, g1, acc[t][p + 1]);
+      }
+    }
+    for (int t = 0; t < NT; ++t)
+      y[(t0 + t) * ldy + r] = reduce_add4(acc[t]) * w.scale[r];
+  };
+  for_rows_and_tiles<kMaxNTS24>(r0, r1, a.T, row);
 }
 
 }  // namespace sl::avx512

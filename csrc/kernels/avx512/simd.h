@@ -1,4 +1,4 @@
-// Small AVX-512 helpers shared by the *_avx512.cpp kernels (only include from those files).
+// Small AVX-512 helpers shared by the kernels/avx512/ kernels (only include from those files).
 #pragma once
 #include <immintrin.h>
 
@@ -49,7 +49,7 @@ inline __m512i word_nibbles(const uint8_t* bytes) {
                                    0xa8);  // (a | b) & c
 }
 
-// Dense int4 (common.h's layout): the 64 unsigned nibbles (0..15) of two 16-byte blocks, one
+// Dense int4 (weight.h's layout): the 64 unsigned nibbles (0..15) of two 16-byte blocks, one
 // per byte in column order, with one broadcast load, one shift of the upper half by 4, an and,
 // and one 128-bit lane shuffle ([low nibbles of block 0 | its high nibbles | block 1's]).
 inline __m512i i4_columns64(const uint8_t* q) {

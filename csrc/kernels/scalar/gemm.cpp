@@ -1,7 +1,8 @@
 // Panel GEMM, portable scalar reference: Y[t, r] = dot(W[r], X[t]) for a panel of W.nr weight
 // rows (decoded to fp32 once, PanelRows) and T tokens. Prefill / batched decode reuse each
 // decoded panel for every token, so their cost is compute, not weight bandwidth.
-#include "common.h"
+#include "aligned.h"
+#include "kernels.h"
 
 namespace sl::scalar {
 

@@ -1,8 +1,9 @@
 // GEMV of weights that widen to fp32 (fp32 / fp16 / bf16, and int8 W8A16 with a per-row
 // scale), portable scalar reference. Weights are row-major (rows, kp); every product is
 // accumulated in fp32 whatever the storage type. Token tiling: tiles.h.
-#include "common.h"
-#include "tiles.h"
+#include "half.h"
+#include "kernels.h"
+#include "kernels/tiles.h"
 
 namespace sl::scalar {
 

@@ -3,8 +3,8 @@
 //   sum_k w[k] x[k] = s_g * (sum_k q[k] x[k] - z_g * sum_k x[k]);
 // the group sums of x (Acts::gsum) are computed once per token and shared by every row.
 // W4A8 (gemv_i4a8): int8 activations, exact integer dot per group, one float FMA per group.
-#include "common.h"
-#include "tiles.h"
+#include "kernels.h"
+#include "kernels/tiles.h"
 
 namespace sl::scalar {
 

@@ -4,8 +4,8 @@
 // W8A16 (gemv_i8) widens the weights to fp32 like the float formats: gemv_dense.cpp.
 #include <cmath>
 
-#include "common.h"
-#include "tiles.h"
+#include "kernels.h"
+#include "kernels/tiles.h"
 
 namespace sl::scalar {
 
@@ -24,7 +24,7 @@ void quantize_row(const float* x, int64_t n, int8_t* q, float* scale) {
     q[i] = int8_t(std::fmin(std::fmax(std::nearbyint(x[i] / *scale), -128.f), 127.f));
 }
 
-// W8A8 over the 16-row blocks of Fmt::I8_R16 (common.h), one row at a time: the 4 weights of
+// W8A8 over the 16-row blocks of Fmt::I8_R16 (weight.h), one row at a time: the 4 weights of
 // row r and columns k..k+3 are at byte 64 * (k / 4) + 4 * (r % 16) of its block.
 void gemv_i8a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t kp = w.kp;

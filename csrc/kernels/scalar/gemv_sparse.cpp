@@ -16,8 +16,10 @@
 //   value 8s+b of the block is the b-th kept value of that chunk, at column
 //   16c + 4*(b/2) + sel, sel = (meta >> (8b + 2s)) & 3 (s24_selector_bit, s24_group_column).
 
-#include "common.h"
-#include "tiles.h"
+#include "formats.h"
+#include "half.h"
+#include "kernels.h"
+#include "kernels/tiles.h"
 
 namespace sl::scalar {
 
