@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().with_name("results")
-# The ISA flags that decide which kernels run (csrc/cpu.cpp), as /proc/cpuinfo spells them.
+# The ISA flags that decide which kernels run (csrc/runtime/cpu.cpp), as /proc/cpuinfo spells them.
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_vbmi2", "avx512_bf16")
 

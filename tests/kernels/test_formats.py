@@ -1,5 +1,6 @@
 """The weight-format registries: Python's layouts (kernels/layouts.py) and the names derived from
-them agree with the C++ traits table (csrc/common.h kFmtTraits), which validates every weight."""
+them agree with the C++ traits table (csrc/include/formats.h kFmtTraits), which validates every
+weight."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,6 @@
-"""The native thread pool (csrc/threads.h): results do not depend on the thread count, concurrent
-callers and forked children work, and oversubscription (more threads than cores) is correct."""
+"""The native thread pool (csrc/include/threads.h): results do not depend on the thread count,
+concurrent callers and forked children work, and oversubscription (more threads than cores) is
+correct."""
 
 import os
 import threading

@@ -243,8 +243,9 @@ class Engine:
         logit_rows index the flattened tokens; returns (len(logit_rows), vocab). prompt: the
         tokens are prompt chunks (prefill): on AVX-512 their attention runs in blocks of queries,
         and with `dynamic_int8` weight-only int4 / int8 run their GEMM on quantized activations
-        (csrc/linear.h). Decode steps and speculative verification are not prompts: a token's
-        logits do not depend on what shares its step (up to rounding above the GEMV's limit).
+        (csrc/include/linear.h). Decode steps and speculative verification are not prompts: a
+        token's logits do not depend on what shares its step (up to rounding above the GEMV's
+        limit).
         """
         # Plain Python lists, turned into arrays once: run between two native steps, this code
         # finds the CPU caches flushed by the weight stream, where each NumPy call costs ~10 us.

@@ -143,7 +143,7 @@ class NativeDecoderModel:
         inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
                                  tensors.get("rope_freqs.weight"))
         pos_embed = vec("model.embed_positions.weight") if args.learned_positions else None
-        config = native().ModelConfig()  # the spec as the typed C++ struct (csrc/model.h)
+        config = native().ModelConfig()  # the spec as the typed C++ struct (csrc/include/model.h)
         config.hidden, config.intermediate = args.hidden_size, args.intermediate_size
         config.layers = args.num_hidden_layers
         config.heads, config.kv_heads = args.num_attention_heads, args.num_key_value_heads
@@ -208,7 +208,7 @@ class NativeDecoderModel:
         capacity, head_dim), C-contiguous float32 or float16, are written in place. prompt: the
         tokens are prompt chunks: on AVX-512 their attention runs in blocks of queries, and with
         dynamic_int8 weight-only formats may quantize their activations for the int8 GEMM
-        (csrc/linear.h). -> (len(logit_rows), vocab)
+        (csrc/include/linear.h). -> (len(logit_rows), vocab)
         """
         out = np.empty((len(logit_rows), self.args.vocab_size), dtype=np.float32)
         T, M = len(tokens), self.max_tokens

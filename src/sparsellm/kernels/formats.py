@@ -65,7 +65,7 @@ class FormatSpec:
 
     @property
     def native_format(self) -> str:
-        """The C++ format it runs as (csrc/common.h kFmtTraits)."""
+        """The C++ format it runs as (csrc/include/formats.h kFmtTraits)."""
         return self.layout.native_format
 
 

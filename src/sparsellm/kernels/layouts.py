@@ -1,13 +1,14 @@
 """The packed layouts of the native linear kernels, each declared once with its properties and
-functions (what csrc/common.h's kFmtTraits row is on the C++ side).
+functions (what csrc/include/formats.h's kFmtTraits row is on the C++ side).
 
 A `Layout` says how its values are stored (bits, float or integer, sparsity), which options its
 format names take (int4 groups, zero points, int8 activations), the C++ format it runs as, and
 how to pack it (from floats, from exact integers), count its bytes and decode it in NumPy (the
 reference twin). kernels/formats.py derives the format names (`FORMATS`) from `LAYOUTS`.
 
-Layouts (the C++ side documents the same in csrc/common.h and csrc/gemv_sparse.cpp); every row
-is padded to `kp` columns (a multiple of 64 and of the int4 group):
+Layouts (the C++ side documents the same in csrc/include/weight.h and
+csrc/kernels/scalar/gemv_sparse.cpp); every row is padded to `kp` columns (a multiple of 64 and
+of the int4 group):
 
   fp32/fp16/bf16   data (out, kp)
   int8             data int8 (out, kp) in [-128, 127], scale (out,): w = q * scale
@@ -58,7 +59,7 @@ class Layout:
     `_asym` if `asym`, `_a8` where `act_int8` allows (e.g. "sparse_int4_g32_a8")."""
 
     values: str  # the stored values, as a dense format spells them: "fp32", "int8", "int4"
-    native_format: str  # the C++ format it runs as (csrc/common.h kFmtTraits name)
+    native_format: str  # the C++ format it runs as (csrc/include/formats.h kFmtTraits name)
     bits: int  # bits of one stored value
     is_float: bool  # float values; else integers times per-row or per-group scales
     # Floats -> arrays: (w (out, kp) fp32 zero-padded, mask (out, kp) or None, spec).
@@ -228,7 +229,7 @@ def _unpack_row_blocks(p: PackedWeight) -> np.ndarray:
     return q.reshape(out16, kp)[:p.shape[0]]
 
 
-_SLOT_CHUNK = [0, 2, 1, 3]  # 2:4 block order, see csrc/gemv_sparse.cpp
+_SLOT_CHUNK = [0, 2, 1, 3]  # 2:4 block order, see csrc/kernels/scalar/gemv_sparse.cpp
 
 
 def _sparse24_layout(q: np.ndarray, mask: np.ndarray) -> Arrays:

@@ -16,7 +16,7 @@ def linear(x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None,
            prompt: bool = False, dynamic_int8: bool = False) -> np.ndarray:
     """y = x @ W.T. x: (T, in) or (in,) -> (T, out) or (out,). Up to a few tokens run the
     format's GEMV kernel (each packed row streamed once for all of them); more run a GEMM (see
-    csrc/linear.h): an integer one for integer formats, which for the weight-only ones
+    csrc/include/linear.h): an integer one for integer formats, which for the weight-only ones
     quantizes x per group of columns when `prompt` (a prompt chunk). `dynamic_int8`: weight-only
     int4 on AVX2 quantizes x per weight group at every T, as the engine does by default."""
     x = _f32(x)
@@ -118,7 +118,7 @@ def get_isa() -> str:
 
 
 def set_num_threads(n: int) -> None:
-    """The process default thread count (csrc/threads.h): what every native call without its
+    """The process default thread count (csrc/include/threads.h): what every native call without its
     own count uses (an engine's `num_cores` is its own); n <= 0 means all cores (the default)."""
     native().set_num_threads(int(n))
 

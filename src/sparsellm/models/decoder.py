@@ -2,7 +2,7 @@
 
 An architecture file maps its config.json to `ModelArgs` and its tensor names to the canonical
 (Llama-style) names below; this file holds the single NumPy forward over a flat batch of tokens.
-The native runtime (csrc/model.cpp) implements the same spec.
+The native runtime (csrc/runtime/model.cpp) implements the same spec.
 
 Canonical tensors ("{i}" is the layer index; `?` = present only when the spec says so):
     model.embed_tokens.weight            (vocab, hidden)
