@@ -59,6 +59,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import render
 from random_checkpoint import hf_folder, write_gguf
 from records import machine, write_record
 
@@ -357,10 +358,13 @@ def main() -> None:
              **{field: median(results[system, pair], field) for field in FIELDS},
              "rounds": results[system, pair]}
             for system, pair in runs]
-    print_table(args, where, rows)
-    record = write_record("peers", rows, argv=sys.argv, threads=args.threads, machine_info=where,
-                          extra={"rounds": args.rounds, "shape": args.shape})
-    print(f"\nrecord: {record}", file=sys.stderr)
+    path = write_record("peers", rows, argv=sys.argv, threads=args.threads, machine_info=where,
+                        extra={"rounds": args.rounds, "shape": args.shape})
+    record = json.loads(path.read_text())  # the table docs/benchmarks.md renders from it
+    print(f"\n{args.shape}, {render.where(record)}, medians of {args.rounds} interleaved rounds "
+          "(fresh process each)\n")
+    print("\n".join(render.peers_table(record)))
+    print(f"\nrecord: {path}", file=sys.stderr)
 
 
 FIELDS = ("decode_tok_s", "prefill_tok_s", "ttft_s", "peak_gb")
@@ -369,29 +373,6 @@ FIELDS = ("decode_tok_s", "prefill_tok_s", "ttft_s", "peak_gb")
 def median(rounds: list[dict], field: str) -> float | None:
     values = [r[field] for r in rounds if r.get(field) is not None]
     return statistics.median(values) if values else None
-
-
-def print_table(args, where: dict, rows: list[dict]) -> None:
-    by = {(row["system"], row["pair"]): row for row in rows}
-    print(f"\n{args.shape}, {where['cpu']} ({', '.join(where['isa'])}), "
-          f"{where['read_bandwidth_gb_s']:.1f} GB/s read, {args.threads} threads, medians of "
-          f"{args.rounds} interleaved rounds (fresh process each)\n")
-    print("| ours | peer | decode tok/s | ratio | prefill tok/s (pp512) | ratio | "
-          "first token, 128-token prompt | peak RSS GB |")
-    print("|---|---|---|---|---|---|---|---|")
-    gb = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    for pair in args.pairs:
-        ours = by["sparsellm", pair]
-        for peer in args.peers:
-            if (peer, pair) not in by:
-                continue
-            theirs = by[peer, pair]
-            d, pd = ours["decode_tok_s"], theirs["decode_tok_s"]
-            pf, ppf = ours["prefill_tok_s"], theirs["prefill_tok_s"]
-            print(f"| {pair} | {peer} {theirs['weights']} | {d:.1f} vs {pd:.1f} | {d / pd:.2f}x | "
-                  f"{pf:.0f} vs {ppf:.0f} | {pf / ppf:.2f}x | "
-                  f"{ours['ttft_s'] * 1e3:.0f} vs {theirs['ttft_s'] * 1e3:.0f} ms | "
-                  f"{gb(ours['peak_gb'])} vs {gb(theirs['peak_gb'])} |")
 
 
 if __name__ == "__main__":
