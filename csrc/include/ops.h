@@ -107,26 +107,23 @@ struct KvPrefetch {
 // (with scales), all instantiated; sc: G * n floats. With `part` (G x MaxSum) the softmax is
 // left undivided: o_g = sum_j e_gj V[j] with e_gj = exp(s_gj - part[g].max), part[g].sum =
 // sum_j e_gj, so that attention over parts of the keys can be merged (merge_parts).
+// The same row ops in each ISA's namespace (kernels/scalar/ops.cpp, kernels/avx2/ops.cpp).
+#define SL_DECLARE_ROW_OPS                                                                  \
+  template <typename KV>                                                                    \
+  void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,   \
+              float scale, float* sc, float* o, const KvPrefetch& next, MaxSum* part);      \
+  void to_half(const float* x, uint16_t* out, int64_t n);                                   \
+  void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);      \
+  void swiglu(const float* g, const float* u, float* out, int64_t n);                       \
+  void softmax_inplace(float* x, int64_t n);                                                \
+  MaxSum exp_inplace(float* x, int64_t n);
 namespace scalar {
-template <typename KV>
-void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
-            float scale, float* sc, float* o, const KvPrefetch& next, MaxSum* part);
-void to_half(const float* x, uint16_t* out, int64_t n);
-void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
-void swiglu(const float* g, const float* u, float* out, int64_t n);
-void softmax_inplace(float* x, int64_t n);
-MaxSum exp_inplace(float* x, int64_t n);
+SL_DECLARE_ROW_OPS
 }  // namespace scalar
 namespace avx2 {
-template <typename KV>
-void attend(const float* q, const KV* K, const KV* V, int64_t G, int64_t n, int64_t hd,
-            float scale, float* sc, float* o, const KvPrefetch& next, MaxSum* part);
-void to_half(const float* x, uint16_t* out, int64_t n);
-void rms_norm_row(const float* x, const float* w, float* out, int64_t D, float eps);
-void swiglu(const float* g, const float* u, float* out, int64_t n);
-void softmax_inplace(float* x, int64_t n);
-MaxSum exp_inplace(float* x, int64_t n);
+SL_DECLARE_ROW_OPS
 }  // namespace avx2
+#undef SL_DECLARE_ROW_OPS
 
 // Prompt attention (kernels/avx2/attention.cpp, kernels/avx512/attention.cpp): nq <=
 // kAttendBlockQueries consecutive tokens of one sequence, q / out rows ldq / ldo apart, each with G
