@@ -71,6 +71,7 @@ struct FmtTraits {
   DecodeRowsFn decode_rows;
   DecodeRowsFn decode_rows_avx2 = nullptr;    // the same values, faster, where there is one
   DecodeRowsFn decode_rows_avx512 = nullptr;
+  int superblock = 0;    // columns per superblock of group scales (I4K: kSuperblock), kp's unit
   constexpr const GemvSet& gemvs(bool act_int8) const { return act_int8 ? int8_acts : fp32_acts; }
 };
 
@@ -124,6 +125,14 @@ inline constexpr FmtTraits kFmtTraits[] = {
    {{scalar::gemv_i8a8}, {avx2::gemv_i8a8}, {avx512::gemv_i8a8}, kGemvAlways,
     kGemvMaxTokensW8A8Madd, kGemvMaxTokensW8A8Vnni},
    scalar::decode_rows_i8_r16},
+  // Q4_K's form (weight.h): I4's kernels with the superblocks' scales (AVX-512 runs the AVX2
+  // ones; its prompts take the fp32 GEMM over decoded rows, int_gemm_act_group).
+  {Fmt::I4K, "I4K", 4, false, Sparsity::Dense, true, false,
+   {{scalar::gemv_i4k, kGroupSums}, {avx2::gemv_i4k, kGroupSums, !kInt16Codes, avx2::gemv_i4k_xg},
+    {}, kGemvMaxTokensF32},
+   {{scalar::gemv_i4ka8, kGroupSums}, {avx2::gemv_i4ka8, kGroupSums}, {},
+    kGemvMaxTokensI4A8, kGemvMaxTokensI4A8Madd},
+   scalar::decode_rows_i4k, nullptr, nullptr, kSuperblock},
 };
 // clang-format on
 

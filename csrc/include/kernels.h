@@ -68,9 +68,9 @@ struct PanelRows {
 // ---------------------------------------------------------------------------------------------
 #define SL_GEMV_KERNELS(X) \
   X(f32) X(f16) X(bf16) X(i8) X(i8a8) X(i4) X(i4a8) X(sp_f32) X(sp_i8) X(sp_i8a8) X(sp_i4) \
-  X(sp_i4a8) X(s24_i8) X(s24_i8a8)
+  X(sp_i4a8) X(s24_i8) X(s24_i8a8) X(i4k) X(i4ka8)
 #define SL_DECODE_ROWS(X) \
-  X(f32) X(f16) X(bf16) X(i8) X(i8_r16) X(i4) X(sp_f32) X(sp_i8) X(sp_i4) X(s24_i8)
+  X(f32) X(f16) X(bf16) X(i8) X(i8_r16) X(i4) X(sp_f32) X(sp_i8) X(sp_i4) X(s24_i8) X(i4k)
 #define SL_DECLARE_GEMV(name) \
   void gemv_##name(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 #define SL_DECLARE_DECODE_ROWS(name) \
@@ -101,6 +101,7 @@ void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float
 // Weight-only int4 on x quantized per weight group (xq, xgscale; gsum: each group's code sum
 // times its scale): the W4A8 kernel with per-group activation scales (Gemv::group_int8).
 void gemv_i4_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gemv_i4k_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 // Weight-only int8 on x quantized per 32 columns (Gemv::group_int8).
 void gemv_i8_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out);

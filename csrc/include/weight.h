@@ -24,6 +24,7 @@ enum class Fmt : int {
   SP_I4,   //   ... values signed nibbles, row_off in bytes; scale (rows, kp/G), symmetric
   S24_I8,  // 2:4 semi-structured int8: values (rows, kp/2), meta (rows, kp/64) uint64
   I8_R16,  // dense int8 for W8A8 in blocks of 16 rows, see kRowBlock16 below
+  I4K,     // int4 in Q4_K's form: nibbles as I4, 6-bit group scales and mins, see kSuperblock
   Count,
 };
 
@@ -36,7 +37,7 @@ struct Weight {
   bool asym = false;           // int4 with zero points
   const void* data = nullptr;
   const float* scale = nullptr;
-  const uint8_t* zero = nullptr;     // I4 asym: (rows, kp/G) zero points 0..15
+  const uint8_t* zero = nullptr;     // I4 asym: (rows, kp/G) zero points 0..15; I4K: codes
   const uint8_t* mask = nullptr;     // SP_*: (rows, kp/8), bit j of byte b <-> column 8b+j
   const int64_t* row_off = nullptr;  // SP_*: (rows+1,) start of each row's packed values
   const uint64_t* meta = nullptr;    // S24_I8: (rows, kp/64) 2-bit selectors, see sparse24
@@ -83,6 +84,26 @@ inline int64_t sp_i4_word_bytes(int n) { return (n + 1) / 2; }
 // End of a bitmask row's last mask word holding real columns. Padding kp to a group of 128 adds
 // a whole empty word to 576-column rows (10 words for 9): the sparse int4 kernels stop here.
 inline int64_t words_end(const Weight& w) { return (w.cols + 63) & ~int64_t(63); }
+
+// I4K, int4 in the form of llama.cpp's Q4_K (a GGUF Q4_K tensor runs at its own width): the
+// nibbles of I4 in groups of 32 columns, 8 groups to a superblock of 256 columns whose float
+// pair {d, dmin} is w.scale (rows, kp/256, 2) and whose 16 bytes of w.zero (rows, kp/256, 16)
+// are the groups' 6-bit scale codes sc, then their min codes m: w = d * sc * q - dmin * m, every
+// product exact in fp32. Per group, dot(w, x) = s * dot(q, x) - m' * sum(x) with s = d * sc and
+// m' = dmin * m: I4's algebra with the zero-point term's s * z replaced by m'.
+constexpr int64_t kSuperblock = 256;
+inline const float* i4k_super(const Weight& w, int64_t r, int64_t g) {  // {d, dmin} of group g
+  return w.scale + 2 * (r * (w.kp / kSuperblock) + g / 8);
+}
+inline const uint8_t* i4k_codes(const Weight& w, int64_t r, int64_t g) {  // sc[g % 8], m at + 8
+  return w.zero + 16 * (r * (w.kp / kSuperblock) + g / 8) + g % 8;
+}
+inline float i4k_scale(const Weight& w, int64_t r, int64_t g) {
+  return i4k_super(w, r, g)[0] * float(i4k_codes(w, r, g)[0]);
+}
+inline float i4k_min(const Weight& w, int64_t r, int64_t g) {
+  return i4k_super(w, r, g)[1] * float(i4k_codes(w, r, g)[8]);
+}
 
 // Int4 layout: a row is kp/32 blocks of 16 bytes; byte j of a block holds value j in its low
 // nibble and value j+16 in its high nibble (llama.cpp Q4_0 order), so one AVX2 and/shift turns

@@ -42,12 +42,15 @@ PyWeight make_weight(const std::string& fmt, int64_t rows, int64_t cols, int64_t
   if (t.grouped ? group <= 0 || group % 32 || kp % group : group != 0)
     throw std::invalid_argument(what + (t.grouped ? "group must be 32k and divide kp"
                                                   : "no group scales (group must be 0)"));
+  if (t.superblock && (group != 32 || kp % t.superblock))
+    throw std::invalid_argument(what + "group must be 32 and kp a multiple of " +
+                                std::to_string(t.superblock));
   if (asym && !t.asym) throw std::invalid_argument(what + "no zero points");
   const auto need = [&](bool needed, const py::object& buffer, const char* name) {
     if (needed && buffer.is_none()) throw std::invalid_argument(what + name + " is required");
   };
   need(!t.is_float, scale, "scale");
-  need(asym, zero, "zero");
+  need(asym || t.superblock, zero, "zero");
   need(t.sparsity == Sparsity::Bitmask, mask, "mask");
   need(t.sparsity == Sparsity::Bitmask, row_off, "row_off");
   need(t.sparsity == Sparsity::TwoFour, meta, "meta");
@@ -85,6 +88,7 @@ py::list weight_formats() {
                                                       : py::object(py::none());
     d["grouped"] = t.grouped;
     d["asym"] = t.asym;
+    d["superblock"] = t.superblock;
     d["fp32_activations"] = t.fp32_acts.runs();
     d["int8_activations"] = t.int8_acts.runs();
     out.append(d);

@@ -32,6 +32,7 @@ int64_t gemv_max_tokens(const Weight& w) {
 
 int64_t int_gemm_act_group(const Weight& w) {
   if (fmt_traits(w.fmt).is_float || !use_avx2()) return -1;
+  if (w.fmt == Fmt::I4K && use_avx512()) return -1;  // no AVX-512 kernel reads its scales
   if (w.act_int8) return 0;
   if (use_avx512()) return fmt_traits(w.fmt).grouped ? w.group : 32;
   // kernels/avx2/gemm_int.cpp: int4 (dense, bitmask) multiplies bytes; the others keep fp32 panels

@@ -19,9 +19,10 @@ def test_python_layouts_and_native_formats_agree():
     assert sorted(layout.native_format for layout in LAYOUTS) == sorted(table)
     for layout in LAYOUTS:
         f = table[layout.native_format]
-        assert (f["value_bits"], f["float"], f["sparsity"], f["grouped"], f["asym"]) == (
+        assert (f["value_bits"], f["float"], f["sparsity"], f["grouped"], f["asym"],
+                f["superblock"]) == (
             layout.bits, layout.is_float, layout.sparsity and layout.sparsity.value,
-            bool(layout.groups), layout.asym), layout
+            bool(layout.groups or layout.group), layout.asym, layout.superblock), layout
         assert (f["fp32_activations"], f["int8_activations"]) == (
             False in layout.act_int8, True in layout.act_int8), layout
 
@@ -32,7 +33,7 @@ def test_format_names_are_the_ones_users_know():
         *(f"int4_g{g}{a}{a8}" for g in (32, 64, 128) for a in ("", "_asym") for a8 in ("", "_a8")),
         "sparse_fp32", "sparse_int8", "sparse_int8_a8",
         *(f"sparse_int4_g{g}{a8}" for g in (32, 64, 128) for a8 in ("", "_a8")),
-        "2:4_int8", "2:4_int8_a8",
+        "2:4_int8", "2:4_int8_a8", "q4_k", "q4_k_a8",
     )
     assert known == FORMATS
     assert parse_format("sparse24_int8_a8").sparsity is Sparsity.TWO_FOUR  # an accepted spelling
@@ -91,6 +92,7 @@ def test_native_weights_are_checked_against_their_format():
         ({"row_off": None}, "SP_I8 weights: row_off is required"),
         ({"fmt": "S24_I8"}, "S24_I8 weights: meta is required"),
         ({"fmt": "I4", "group": 32, "asym": True}, "I4 weights: zero is required"),
+        ({"fmt": "I4K", "group": 32}, "I4K weights: group must be 32 and kp a multiple of 256"),
     ]:
         with pytest.raises(ValueError, match=message):
             _native_weight(**kwargs)

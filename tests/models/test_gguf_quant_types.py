@@ -1,9 +1,10 @@
 """Every quantized GGUF type sparsellm runs (issue 26 item 3), against the `gguf` package's own
 dequantization (the reference llama.cpp's Python tools use): the values loaded from a file equal
 gguf's, and each tensor runs in the native format gguf_formats.py declares for its type: Q4_0
-exactly as int4_g32 (its integers kept), every other type as int8 per output channel within half
-a step of each row's values. K-quant blocks are random bytes with sane scales (gguf can only
-dequantize them); the other types are quantized by gguf from random weights."""
+exactly as int4_g32 and Q4_K exactly as q4_k (their integers kept), every other type as int8 per
+output channel within half a step of each row's values. K-quant blocks are random bytes with
+sane scales (gguf can only dequantize them); the other types are quantized by gguf from random
+weights."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from sparsellm.engine import Engine
 from sparsellm.kernels.reference import dequantize
 from sparsellm.models import load_checkpoint
-from sparsellm.models.gguf_formats import DECLARED, q4_0_integers
+from sparsellm.models.gguf_formats import DECLARED, EXACT, q4_0_integers, q4_k_integers
 
 HIDDEN = 256  # K-quant blocks hold 256 weights
 # Byte offsets of the fp16 super-block scales (d, and dmin where the type has one), from
@@ -105,7 +106,7 @@ def test_each_type_runs_in_its_declared_format(qtype, quant_files):
     for name in engine.formats:
         ours = dequantize(engine.model.packed[name])[:, :HIDDEN]
         ref = ck.tensors[name]
-        if qtype == "Q4_0":  # the file's integers and scales, kept
+        if qtype in EXACT:  # the file's integers and scales, kept
             np.testing.assert_array_equal(ours, ref, err_msg=name)
         else:  # int8 per output channel: within half a step of each row's largest value
             step = np.abs(ref).max(axis=1, keepdims=True) / 127
@@ -126,6 +127,19 @@ def test_q4_0_integers_are_exact():
     assert qt.q.min() >= -8 and qt.q.max() <= 7 and qt.scale.shape == (8, 3)
     np.testing.assert_array_equal(qt.dequantize(),
                                   gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_0))
+
+
+def test_q4_k_integers_are_exact():
+    """Every 6-bit code position (groups 0..3 and 4..7 are packed differently) and both nibble
+    halves: random blocks, two superblocks per row."""
+    rng = np.random.default_rng(0)
+    raw = blocks("Q4_K", 8, rng).reshape(8, 1, -1).repeat(2, axis=1).reshape(8, -1)
+    raw[:, 144 + 4:] = rng.integers(0, 256, (8, 140), dtype=np.uint8)  # the second differs
+    qt = q4_k_integers(raw, (8, 512))
+    assert qt.q.max() <= 15 and qt.zero_point.shape == (8, 2, 16) and qt.zero_point.max() <= 63
+    assert len(np.unique(qt.zero_point)) > 32  # the codes vary
+    np.testing.assert_array_equal(qt.dequantize(),
+                                  gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K))
 
 
 def test_unsupported_type_is_refused_by_name(tmp_path, spm_gguf):

@@ -238,11 +238,13 @@ struct Kernel {
 // + 6 fp32 accumulators, the weight vector, the broadcast and the ones (15 ymm).
 // kTokenScale: W4A8 (x scaled per token, applied at the end); else x is quantized per weight
 // group, and each group's dot is scaled by the weight's scale times the token's.
-template <int G, bool kTokenScale>
+// K (Fmt::I4K): zp holds each group's min m' (weight.h), which comes off the scaled dot as
+// m' * the code sum, s * dot - m' * sum, before the token's scale.
+template <int G, bool kTokenScale, bool K>
 struct I4Kernel {
   const uint8_t* blk;  // kRows * kp nibbles in the block layout
   const float* sc;     // the block's scales: (groups, 8)
-  const float* zp;     // the block's zero points: (groups, 8)
+  const float* zp;     // the block's zero points (K: mins): (groups, 8)
   const GemmActs& a;
   int64_t kp;
   float* y;
@@ -271,8 +273,16 @@ struct I4Kernel {
       const int64_t g = k0 / G;
       const __m256 z = _mm256_load_ps(zp + g * kRows), s = _mm256_load_ps(sc + g * kRows);
       for (int t = 0; t < NT; ++t) {
-        const __m256 dot = _mm256_fnmadd_ps(z, _mm256_set1_ps(gs[t * (kp / 32) + k0 / 32]),
-                                            _mm256_cvtepi32_ps(_mm256_madd_epi16(d[t], ones)));
+        const __m256 sum = _mm256_set1_ps(gs[t * (kp / 32) + k0 / 32]);
+        const __m256 di = _mm256_cvtepi32_ps(_mm256_madd_epi16(d[t], ones));
+        if constexpr (K) {
+          const __m256 v = _mm256_fnmadd_ps(z, sum, _mm256_mul_ps(di, s));
+          acc[t] = kTokenScale ? _mm256_add_ps(acc[t], v)
+                               : _mm256_fmadd_ps(v, _mm256_set1_ps(a.xs[(t0 + t) * (kp / G) + g]),
+                                                 acc[t]);
+          continue;
+        }
+        const __m256 dot = _mm256_fnmadd_ps(z, sum, di);
         const __m256 st =
             kTokenScale ? s : _mm256_mul_ps(s, _mm256_set1_ps(a.xs[(t0 + t) * (kp / G) + g]));
         acc[t] = _mm256_fmadd_ps(dot, st, acc[t]);
@@ -301,6 +311,11 @@ void expand_scales(const Weight& w, int64_t r, int64_t n, Expanded& ex) {
   const bool int4 = is_int4(w.fmt);
   for (int64_t i = 0; i < kRows; ++i)
     for (int64_t g = 0; g < groups; ++g) {
+      if (w.fmt == Fmt::I4K) {
+        ex.scale[g * kRows + i] = i < n ? i4k_scale(w, r + i, g) : 0.f;
+        ex.zero[g * kRows + i] = i < n ? i4k_min(w, r + i, g) : 0.f;
+        continue;
+      }
       ex.scale[g * kRows + i] = i < n ? w.scale[(r + i) * groups + g] : 0.f;
       if (int4) ex.zero[g * kRows + i] = w.asym && i < n ? w.zero[(r + i) * groups + g] : 8.f;
     }
@@ -326,13 +341,17 @@ void gemm_i4(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t 
       const int64_t n = std::min(kRows, r1 - r);
       expand_block(w, rows, r, r1, ex.nibbles.data());
       expand_scales(w, r, n, ex);
-      auto run = [&](auto token_scale) {
-        run_tiles(I4Kernel<G, decltype(token_scale)::value>{ex.nibbles.data(), ex.scale.data(),
-                                                            ex.zero.data(), a, w.kp, y, ldy, r, n},
+      auto run = [&](auto token_scale, auto k) {
+        run_tiles(I4Kernel<G, decltype(token_scale)::value, decltype(k)::value>{
+                      ex.nibbles.data(), ex.scale.data(), ex.zero.data(), a, w.kp, y, ldy, r, n},
                   a.T);
       };
-      if (w.act_int8) run(std::true_type{});
-      else run(std::false_type{});
+      const auto with_k = [&](auto token_scale) {
+        if (w.fmt == Fmt::I4K) run(token_scale, std::true_type{});
+        else run(token_scale, std::false_type{});
+      };
+      if (w.act_int8) with_k(std::true_type{});
+      else with_k(std::false_type{});
     }
   });
 }
@@ -349,7 +368,8 @@ void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t
   if (is_int4(w.fmt)) {
     grow(ex.nibbles, codes);
     grow(ex.zero, scales);
-    if (w.fmt == Fmt::I4) return gemm_i4(w, a, y, ldy, r0, r1, I4Rows{w, {}}, ex);
+    if (w.fmt == Fmt::I4 || w.fmt == Fmt::I4K)  // the same nibbles
+      return gemm_i4(w, a, y, ldy, r0, r1, I4Rows{w, {}}, ex);
     grow(ex.rows, size_t(kRows * sp_i4_row_bytes(w)));
     return gemm_i4(w, a, y, ldy, r0, r1, SpI4Rows{{w, {}, {}}, ex.rows.data()}, ex);
   }

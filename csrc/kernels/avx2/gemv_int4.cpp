@@ -2,7 +2,8 @@
 // widened to fp32 and FMA'd against x; the per-group scale and zero point are applied once per
 // group (see kernels/scalar/gemv_int4.cpp for the algebra). The group size is a compile-time
 // constant (with_group): read at run time, the per-group loop's bookkeeping costs a large part of
-// the weight bandwidth at T == 1.
+// the weight bandwidth at T == 1. Fmt::I4K (Q4_K's form, weight.h) runs the same loops (K): its
+// 8 group scales come from a superblock's codes times d, and its mins replace the zero points.
 #include <immintrin.h>
 
 #include "isa.h"
@@ -35,7 +36,30 @@ static inline float zero_point_term(const Weight& w, int64_t r, const float* gsu
   return c;
 }
 
-template <int G>
+// sum_g m_g * gsum_g of an I4K row (weight.h): 8 groups' min codes per superblock, times dmin.
+static inline float i4k_min_term(const Weight& w, int64_t r, const float* gsum) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t g = 0; g < w.kp / 32; g += 8) {
+    const __m256 m = _mm256_mul_ps(u8x8_to_f32(load_u64(i4k_codes(w, r, g) + 8)),
+                                   _mm256_set1_ps(i4k_super(w, r, g)[1]));
+    acc = _mm256_fmadd_ps(m, _mm256_loadu_ps(gsum + g), acc);
+  }
+  return hsum(acc);
+}
+
+// The 8 group scales d * sc of the I4K superblock holding group g.
+static inline __m256 i4k_scales(const Weight& w, int64_t r, int64_t g) {
+  return _mm256_mul_ps(u8x8_to_f32(load_u64(i4k_codes(w, r, g))),
+                       _mm256_set1_ps(i4k_super(w, r, g)[0]));
+}
+
+// The zero-point (I4) or min (I4K) term of row r for one token.
+template <bool K>
+static inline float offset_term(const Weight& w, int64_t r, const float* gsum) {
+  return K ? i4k_min_term(w, r, gsum) : zero_point_term(w, r, gsum);
+}
+
+template <int G, bool K>
 static void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* W = static_cast<const uint8_t*>(w.data);
   constexpr int64_t bpg = G / 32;
@@ -72,16 +96,20 @@ static void i4_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64
           g1[t] = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24), g1[t]);
         }
       }
-      const __m256 s = _mm256_set1_ps(sc[g]);
+      const __m256 s = _mm256_set1_ps(K ? i4k_scale(w, r, g) : sc[g]);
       for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(_mm256_add_ps(g0[t], g1[t]), s, acc[t]);
     }
     for (int t = 0; t < NT; ++t)
-      y[(t0 + t) * ldy + r] = hsum(acc[t]) - zero_point_term(w, r, a.gsum + (t0 + t) * ng);
+      y[(t0 + t) * ldy + r] = hsum(acc[t]) - offset_term<K>(w, r, a.gsum + (t0 + t) * ng);
   });
 }
 
 void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  with_group(w.group, [&](auto g) { i4_rows<decltype(g)::value>(w, a, y, ldy, r0, r1); });
+  with_group(w.group, [&](auto g) { i4_rows<decltype(g)::value, false>(w, a, y, ldy, r0, r1); });
+}
+
+void gemv_i4k(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  i4_rows<32, true>(w, a, y, ldy, r0, r1);
 }
 
 // W4A8: unsigned nibbles x signed int8 activations is exactly what maddubs multiplies (pair
@@ -116,7 +144,7 @@ static const int8_t* pair_codes(const int8_t* xq, int64_t T, int64_t kp) {
   return buf.data();
 }
 
-template <int G, bool GroupX>
+template <int G, bool GroupX, bool K = false>
 static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0,
                       int64_t r1) {
   static_assert(G % 32 == 0, "int4 groups are multiples of 32 columns");
@@ -179,18 +207,19 @@ static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int
         }
         for (int t = 0; t < NT; ++t) {
           const __m256i dots = _mm256_hadd_epi32(h[0][t], h[1][t]);
-          __m256 s = _mm256_loadu_ps(sc + g);
+          __m256 s = K ? i4k_scales(w, r, g) : _mm256_loadu_ps(sc + g);
           if constexpr (GroupX)
             s = _mm256_mul_ps(s, _mm256_loadu_ps(a.xgscale + (t0 + t) * ng + g));
           acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_permutevar8x32_ps(s, order),
                                     acc0[t]);
         }
       }
-      for (; g < ng; g += 2) {  // two groups per step; kp: a multiple of 64
-        __m256i dot[NT];
-        step(32 * g, dot);
-        add(g, dot, acc1);
-      }
+      if constexpr (!K)  // (I4K: kp is a multiple of 256, 8 groups)
+        for (; g < ng; g += 2) {  // two groups per step; kp: a multiple of 64
+          __m256i dot[NT];
+          step(32 * g, dot);
+          add(g, dot, acc1);
+        }
     } else {
       const auto group = [&](int64_t g, __m256* sums) {
         __m256i gi[NT];
@@ -210,7 +239,7 @@ static void i4a8_rows(const Weight& w, const Acts& a, float* y, int64_t ldy, int
     for (int t = 0; t < NT; ++t)
       y[(t0 + t) * ldy + r] =
           (hsum(_mm256_add_ps(acc0[t], acc1[t])) -
-           zero_point_term(w, r, a.gsum + (t0 + t) * ng)) *
+           offset_term<K>(w, r, a.gsum + (t0 + t) * ng)) *
           (GroupX ? 1.f : a.xscale[t0 + t]);
   });
 }
@@ -221,6 +250,14 @@ void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0
 
 void gemv_i4_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   with_group(w.group, [&](auto g) { i4a8_rows<decltype(g)::value, true>(w, a, y, ldy, r0, r1); });
+}
+
+void gemv_i4ka8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  i4a8_rows<32, false, true>(w, a, y, ldy, r0, r1);
+}
+
+void gemv_i4k_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  i4a8_rows<32, true, true>(w, a, y, ldy, r0, r1);
 }
 
 }  // namespace sl::avx2

@@ -3,13 +3,16 @@
 //   sum_k w[k] x[k] = s_g * (sum_k q[k] x[k] - z_g * sum_k x[k]);
 // the group sums of x (Acts::gsum) are computed once per token and shared by every row.
 // W4A8 (gemv_i4a8): int8 activations, exact integer dot per group, one float FMA per group.
+// I4K (Q4_K's form, weight.h): s_g and m_g = dmin * m from the superblock, and
+//   sum_k w[k] x[k] = s_g * sum_k q[k] x[k] - m_g * sum_k x[k].
 #include "kernels.h"
 #include "kernels/tiles.h"
 
 namespace sl::scalar {
 
-// One kernel for both activation types: X is float (W4A16) or int8_t (W4A8, Dot = int32_t).
-template <typename X, typename Dot>
+// One kernel for both activation types: X is float (W4A16) or int8_t (W4A8, Dot = int32_t),
+// and both scale forms (K: I4K's superblocks).
+template <typename X, typename Dot, bool K>
 static void gemv_i4_rows(const Weight& w, const Acts& a, const X* xs, float* y, int64_t ldy,
                          int64_t r0, int64_t r1) {
   const uint8_t* W = static_cast<const uint8_t*>(w.data);
@@ -28,9 +31,15 @@ static void gemv_i4_rows(const Weight& w, const Acts& a, const X* xs, float* y, 
             dot[t] += Dot(blk[j] & 15) * Dot(x[j]) + Dot(blk[j] >> 4) * Dot(x[j + 16]);
           }
       }
-      const float z = w.asym ? float(w.zero[r * ng + g]) : 8.f;
-      for (int t = 0; t < NT; ++t)
-        acc[t] += w.scale[r * ng + g] * (float(dot[t]) - z * a.gsum[(t0 + t) * ng + g]);
+      if constexpr (K) {
+        const float s = i4k_scale(w, r, g), m = i4k_min(w, r, g);
+        for (int t = 0; t < NT; ++t)
+          acc[t] += s * float(dot[t]) - m * a.gsum[(t0 + t) * ng + g];
+      } else {
+        const float z = w.asym ? float(w.zero[r * ng + g]) : 8.f;
+        for (int t = 0; t < NT; ++t)
+          acc[t] += w.scale[r * ng + g] * (float(dot[t]) - z * a.gsum[(t0 + t) * ng + g]);
+      }
     }
     for (int t = 0; t < NT; ++t)
       y[(t0 + t) * ldy + r] = w.act_int8 ? acc[t] * a.xscale[t0 + t] : acc[t];
@@ -38,11 +47,19 @@ static void gemv_i4_rows(const Weight& w, const Acts& a, const X* xs, float* y, 
 }
 
 void gemv_i4(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  gemv_i4_rows<float, float>(w, a, a.x, y, ldy, r0, r1);
+  gemv_i4_rows<float, float, false>(w, a, a.x, y, ldy, r0, r1);
 }
 
 void gemv_i4a8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  gemv_i4_rows<int8_t, int32_t>(w, a, a.xq, y, ldy, r0, r1);
+  gemv_i4_rows<int8_t, int32_t, false>(w, a, a.xq, y, ldy, r0, r1);
+}
+
+void gemv_i4k(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  gemv_i4_rows<float, float, true>(w, a, a.x, y, ldy, r0, r1);
+}
+
+void gemv_i4ka8(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  gemv_i4_rows<int8_t, int32_t, true>(w, a, a.xq, y, ldy, r0, r1);
 }
 
 }  // namespace sl::scalar

@@ -205,6 +205,19 @@ void decode_rows_i4(const Weight& w, int64_t r0, int64_t r1, float* out) {
   });
 }
 
+void decode_rows_i4k(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * (w.kp / 2);
+    for (int64_t g = 0; g < w.kp / 32; ++g) {
+      const float s = i4k_scale(w, r, g), m = i4k_min(w, r, g);
+      for (int j = 0; j < 16; ++j) {
+        o[g * 32 + j] = s * float(row[g * 16 + j] & 15) - m;
+        o[g * 32 + j + 16] = s * float(row[g * 16 + j] >> 4) - m;
+      }
+    }
+  });
+}
+
 void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out) {
   for_rows(w, r0, r1, out, [&](int64_t r, float* o) {
     for (int64_t k = 0; k < w.kp; ++k) o[k] = 0.f;

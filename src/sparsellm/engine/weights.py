@@ -123,7 +123,8 @@ def _declared(checkpoint: Checkpoint) -> dict[str, WeightFormat]:
         # A tied lm_head runs in the embedding table's integer format (a float table's head
         # runs in the table's own float format, sharing its memory).
         declared["lm_head.weight"] = WeightFormat(bits=emb.bits, group_size=emb.group_size,
-                                                  symmetric=emb.symmetric)
+                                                  symmetric=emb.symmetric,
+                                                  superblock=emb.superblock)
     return declared
 
 

@@ -35,7 +35,7 @@ class FormatSpec:
     name: str
     layout: Layout
     act_int8: bool = False  # per-token int8 activations (`_a8`)
-    group: int = 0  # int4 group size (`_g{group}`), 0 for per-row scales or none
+    group: int = 0  # int4 group size (`_g{group}`; q4_k: 32), 0 for per-row scales or none
     asym: bool = False  # int4 zero points (`_asym`)
     dense_twin: str = ""  # the dense format with the same values and activations (see dense_twin)
 
@@ -64,6 +64,11 @@ class FormatSpec:
         return self.layout.sparsity is not None
 
     @property
+    def col_align(self) -> int:
+        """Packed rows are padded to a multiple of this many columns."""
+        return max(COL_ALIGN, self.group, self.layout.superblock)
+
+    @property
     def native_format(self) -> str:
         """The C++ format it runs as (csrc/include/formats.h kFmtTraits)."""
         return self.layout.native_format
@@ -74,10 +79,11 @@ def _format_specs() -> tuple[dict[str, FormatSpec], tuple[str, ...]]:
     in the order of LAYOUTS and their options."""
     specs, names = {}, []
     for layout in LAYOUTS:
-        for group in layout.groups or (0,):
+        for group in layout.groups or (layout.group,):
             for asym in (False, True) if layout.asym else (False,):
                 for act_int8 in layout.act_int8:
-                    options = (f"_g{group}" if group else "") + ("_asym" if asym else "") + \
+                    options = (f"_g{group}" if layout.groups else "") + \
+                        ("_asym" if asym else "") + \
                         ("_a8" if act_int8 else "")
                     prefixes = SPARSITY_PREFIXES[layout.sparsity]
                     names.append(prefixes[0] + layout.values + options)
@@ -150,11 +156,12 @@ def packed_nbytes(shape: tuple[int, int], format: str, density: float = 1.0) -> 
     formats; for sparse ones, with `density` of the weights kept (the default 1.0 is an upper
     bound; pruning to 50% halves the values)."""
     s = parse_format(format)
-    return s.layout.nbytes(shape[0], padded_cols(shape[1], s.group), s, density)
+    return s.layout.nbytes(shape[0], padded_cols(shape[1], s.col_align), s, density)
 
 
-def padded_cols(cols: int, group: int = 0) -> int:
-    align = max(COL_ALIGN, group)
+def padded_cols(cols: int, align: int = COL_ALIGN) -> int:
+    """cols rounded up to a multiple of `align` (a FormatSpec's col_align; at least 64)."""
+    align = max(COL_ALIGN, align)
     return -(-cols // align) * align
 
 
@@ -194,7 +201,7 @@ def pack(w: np.ndarray, format: str, mask: np.ndarray | None = None) -> PackedWe
                             arrays={"data": pad_cols(w.view(np.uint16), kp)})
     w = _as_matrix(w)
     out, cols = w.shape
-    kp = padded_cols(cols, s.group)
+    kp = padded_cols(cols, s.col_align)
     if mask is not None and not s.sparse:
         raise ValueError(f"format {format!r} is dense; a mask needs a sparse_* or 2:4_* format")
     mp = None
@@ -219,7 +226,8 @@ def pack_quantized(
     q: (out, in) integers -- int8 formats: [-128, 127]; int4: [-8, 7] symmetric, or [0, 15]
     with zero_point; scale: (out,) / (out, 1) per row, or (out, in / group) for int4;
     zero_point: (out, in / group) for `*_asym` formats; mask: kept weights for sparse formats
-    (default q != 0).
+    (default q != 0). q4_k: q in [0, 15], scale its superblocks' {d, dmin} (out, in/256, 2),
+    zero_point their 6-bit codes (out, in/256, 16), as in a GGUF Q4_K tensor.
     """
     s = parse_format(format)
     q = np.asarray(q)
@@ -230,7 +238,7 @@ def pack_quantized(
     if mask is not None and not s.sparse:
         raise ValueError(f"format {format!r} is dense; a mask needs a sparse format")
     out, cols = q.shape
-    kp = padded_cols(cols, s.group)
+    kp = padded_cols(cols, s.col_align)
     m = pad_cols((q != 0) if mask is None else np.asarray(mask, dtype=bool), kp) \
         if s.sparse else None
     arrays = s.layout.pack_ints(q, np.asarray(scale, dtype=np.float32), zero_point, m, s, kp)

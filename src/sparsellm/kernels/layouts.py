@@ -23,6 +23,10 @@ of the int4 group):
                    fp32/int8 values; int4: signed nibbles, those of each 64-column mask word
                    starting on a byte, row_off in bytes
   2:4_int8[_a8]    data int8 (out, kp/2): 2 values per 4 columns, meta uint64 (out, kp/64)
+  q4_k[_a8]        llama.cpp's Q4_K values (kp a multiple of 256): data as int4's, groups of 32
+                   in superblocks of 256 columns, scale float32 (out, kp/256, 2) = {d, dmin},
+                   zero uint8 (out, kp/256, 16) = the 8 groups' 6-bit scale codes sc, then
+                   their min codes m: w = (d * sc) * q - dmin * m
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ class Layout:
     groups: tuple[int, ...] = ()  # int4 group sizes (one scale per group of columns)
     asym: bool = False  # also with zero points
     stored_as: np.dtype | None = None  # a float dtype whose bits the data is (fp16, bf16)
+    group: int = 0  # a group size it always has (not in its names)
+    superblock: int = 0  # columns per superblock of quantized group scales (kp's unit)
 
     @property
     def kind(self) -> str:
@@ -431,6 +437,74 @@ def _decode_sparse_int4(p: PackedWeight) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
+# Q4_K's form: w = (d * sc) * q - dmin * m per group of 32, d and dmin per 256 columns
+# ----------------------------------------------------------------------------------------------
+
+_SUPERBLOCK = 256
+
+
+def quantize_q4_k(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(out, kp) floats, kp a multiple of 256 -> (q uint8 (out, kp) in [0, 15], {d, dmin}
+    float32 (out, kp/256, 2), codes uint8 (out, kp/256, 16)). Each group of 32 spans its range
+    from min(its minimum, 0) (so zeros and padding stay exact up to a step), and the groups'
+    scales and mins are quantized to 6 bits against their superblock's largest."""
+    out, kp = w.shape
+    g = w.reshape(out, kp // _SUPERBLOCK, 8, 32)
+    lo = np.minimum(g.min(axis=3), 0)
+    scale, mins = (g.max(axis=3) - lo) / np.float32(15), -lo
+    sb = np.stack([scale.max(axis=2), mins.max(axis=2)], axis=2).astype(np.float32) / 63
+    safe = np.where(sb > 0, sb, np.float32(1))
+    codes = np.concatenate([np.rint(scale / safe[..., :1]), np.rint(mins / safe[..., 1:])],
+                           axis=2).clip(0, 63).astype(np.uint8)
+    s_eff, m_eff = _q4_k_groups(sb, codes)
+    inv = np.where(s_eff > 0, 1 / np.where(s_eff > 0, s_eff, 1), 0).astype(np.float32)
+    q = np.clip(np.rint((g + m_eff[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
+    return q.reshape(out, kp), sb, codes
+
+
+def _q4_k_groups(sb: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Superblocks' {d, dmin} and codes -> each group's scale d * sc and min dmin * m, float32
+    (out, kp/256, 8) (exact: an fp16 times a 6-bit code)."""
+    return (sb[..., :1] * codes[..., :8].astype(np.float32),
+            sb[..., 1:] * codes[..., 8:].astype(np.float32))
+
+
+def _pack_q4_k(wp: np.ndarray, mask: np.ndarray | None, s: FormatSpec) -> Arrays:
+    q, sb, codes = quantize_q4_k(wp)
+    return {"data": _nibbles32(q), "scale": sb, "zero": codes}
+
+
+def _pack_q4_k_ints(q, scale, zero_point, mask, s, kp) -> Arrays:
+    """q (out, in) in [0, 15]; scale: {d, dmin} (out, in/256, 2); zero_point: the codes
+    (out, in/256, 16), 6-bit scales then mins (gguf_formats.q4_k_integers)."""
+    out, cols = q.shape
+    nsb = cols // _SUPERBLOCK
+    if cols % _SUPERBLOCK or np.shape(scale) != (out, nsb, 2) or zero_point is None or \
+            np.shape(zero_point) != (out, nsb, 16):
+        raise ValueError(f"{s.name}: in ({cols}) must be a multiple of {_SUPERBLOCK}, scale "
+                         f"(out, in/256, 2) and zero_point (out, in/256, 16)")
+    if q.min(initial=0) < 0 or q.max(initial=0) > 15 or np.max(zero_point, initial=0) > 63:
+        raise ValueError(f"{s.name}: q must be in [0, 15] and the codes in [0, 63]")
+    sb = np.zeros((out, kp // _SUPERBLOCK, 2), np.float32)
+    codes = np.zeros((out, kp // _SUPERBLOCK, 16), np.uint8)
+    sb[:, :nsb], codes[:, :nsb] = scale, zero_point
+    return {"data": _nibbles32(pad_cols(np.asarray(q, np.uint8), kp)), "scale": sb,
+            "zero": codes}
+
+
+def _q4_k_nbytes(out: int, kp: int, s: FormatSpec, density: float) -> int:
+    return out * (kp // 2 + kp // _SUPERBLOCK * (8 + 16))
+
+
+def _decode_q4_k(p: PackedWeight) -> np.ndarray:
+    a, out = p.arrays, p.shape[0]
+    b = a["data"].reshape(out, -1, 1, 16)
+    q = np.concatenate([b & 15, b >> 4], axis=2).reshape(out, -1, 8, 32).astype(np.float32)
+    s_eff, m_eff = _q4_k_groups(a["scale"], a["zero"])
+    return (s_eff[..., None] * q - m_eff[..., None]).reshape(out, p.kp)
+
+
+# ----------------------------------------------------------------------------------------------
 # Bitmask layouts of any values
 # ----------------------------------------------------------------------------------------------
 
@@ -486,7 +560,10 @@ SPARSE24_INT8 = Layout("int8", native_format="S24_I8", bits=8, is_float=False,
                        sparsity=Sparsity.TWO_FOUR, act_int8=_BOTH,
                        pack=_pack_sparse24_int8, pack_ints=_pack_sparse24_int8_ints,
                        nbytes=_s24_nbytes, decode=_decode_int8_rows, int_rows=_unpack_sparse24)
+Q4_K = Layout("q4_k", native_format="I4K", bits=4, is_float=False, act_int8=_BOTH, group=32,
+              superblock=_SUPERBLOCK, pack=_pack_q4_k, pack_ints=_pack_q4_k_ints,
+              nbytes=_q4_k_nbytes, decode=_decode_q4_k)
 
 # Every layout, in the order of FORMATS.
 LAYOUTS = (FP32, FP16, BF16, INT8, INT8_ROW_BLOCKS, INT4, SPARSE_FP32, SPARSE_INT8, SPARSE_INT4,
-           SPARSE24_INT8)
+           SPARSE24_INT8, Q4_K)

@@ -19,13 +19,17 @@ class WeightFormat:
     symmetric: bool = True  # False = a zero point per group/channel
     activation_bits: int | None = None  # 8 = dynamic per-token int8 activations (W8A8)
     sparsity: str | None = None  # None | "unstructured" | "2:4"
+    superblock: int | None = None  # 256: llama.cpp's K-quant form (group scales and mins in
+    # 6 bits per superblock of columns), only as Q4_K ("q4_k")
 
     @property
     def name(self) -> str:
         base = "fp32" if self.bits == 32 else f"int{self.bits}"
-        if self.group_size:
+        if self.superblock:
+            base = f"q{self.bits}_k"
+        elif self.group_size:
             base += f"_g{self.group_size}"
-        if self.bits < 32 and not self.symmetric:
+        if self.bits < 32 and not self.symmetric and not self.superblock:
             base += "_asym"
         if self.activation_bits:
             base += f"_a{self.activation_bits}"
@@ -42,7 +46,9 @@ class QuantizedTensor:
 
     q: (out, in) int8 (int4 values unpacked, in [-8, 7] or [0, 15]); scale, zero_point:
     (out, in // group_size) or (out, 1) for per-channel; mask: (out, in) bool of kept weights
-    when the tensor is sparse.
+    when the tensor is sparse. K-quant form (format.superblock): q in [0, 15], scale the
+    superblocks' {d, dmin} (out, in / superblock, 2), zero_point their 6-bit group scale codes
+    then min codes (out, in / superblock, 2 * groups): W = d * sc * q - dmin * m.
     """
 
     q: np.ndarray
@@ -55,6 +61,12 @@ class QuantizedTensor:
         """-> fp32 (out, in), computed in place in one output-sized buffer (an embedding table
         is the largest tensor a model loads)."""
         out, cols = self.q.shape
+        if self.format.superblock:
+            codes = self.zero_point.reshape(out, self.scale.shape[1], 2, -1).astype(np.float32)
+            s = self.scale[..., :1].astype(np.float32) * codes[:, :, 0]
+            m = self.scale[..., 1:].astype(np.float32) * codes[:, :, 1]
+            g = self.q.astype(np.float32).reshape(out, *s.shape[1:], -1)
+            return (s[..., None] * g - m[..., None]).reshape(out, cols)
         groups = self.scale.shape[1]
         w = self.q.astype(np.float32)
         g = w.reshape(out, groups, cols // groups)

@@ -17,7 +17,7 @@ from .architectures import GGUFSpec, find_architecture
 from .checkpoint import Checkpoint, check_tensors
 from .convert import expand
 from .formats import QuantizedTensor, WeightFormat
-from .gguf_formats import DECLARED, check_type, q4_0_integers, summary
+from .gguf_formats import DECLARED, EXACT, check_type, exact_integers, summary
 from .gguf_reader import GGUFFile, GGUFTensor
 from .lazy import LazyTensors, transform_each
 
@@ -100,7 +100,7 @@ def load_gguf(path: Path) -> Checkpoint:
     exact = LazyTensors({n: partial(_integers, t, n, partial(arch.gguf.convert, args=args,
                                                              arch=arch_name))
                          for n, t in quantized_2d.items()
-                         if n in formats and t.tensor_type.name == "Q4_0"})
+                         if n in formats and t.tensor_type.name in EXACT})
     return Checkpoint(
         path=path,
         format="gguf",
@@ -119,10 +119,12 @@ def load_gguf(path: Path) -> Checkpoint:
 
 
 def _integers(t: GGUFTensor, name: str, convert: Any) -> QuantizedTensor:
-    """Q4_0's exact integers, with the architecture's row reordering (Llama's Q/K) applied to
-    the integers and the scales alike, as to the values."""
-    qt = q4_0_integers(t.data, t.shape)
+    """Q4_0's or Q4_K's exact integers, with the architecture's row reordering (Llama's Q/K)
+    applied to the integers, scales and codes alike, as to the values."""
+    qt = exact_integers(t.tensor_type.name, t.data, t.shape)
     qt.q, qt.scale = (convert({name: a})[name] for a in (qt.q, qt.scale))
+    if qt.zero_point is not None:
+        qt.zero_point = convert({name: qt.zero_point})[name]
     return qt
 
 
