@@ -3,5 +3,6 @@
 from .engine import ContextLengthError, Engine
 from .kv_cache import KVCache
 from .memory_check import ModelTooLargeError
+from .settings import EngineSettings
 
-__all__ = ["ContextLengthError", "Engine", "KVCache", "ModelTooLargeError"]
+__all__ = ["ContextLengthError", "Engine", "EngineSettings", "KVCache", "ModelTooLargeError"]

@@ -19,15 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..engine import Engine
+from ..engine.settings import SELF_DRAFT, SELF_DRAFT_WEIGHTS  # declared with draft_model_path
 from ..models import Checkpoint
 from .sampling import Sampler
-
-SELF_DRAFT = "auto"  # as the draft model: the main model itself, in SELF_DRAFT_WEIGHTS
-# The format a model drafts for itself in: the best acceptance x draft speed measured
-# (SmolLM2 135M fp32, 4 prompts x 96 tokens: int8_a8 2.36x at 94% acceptance, int4_g32_a8
-# 1.50x at 84%). A model that already runs in int8 gains nothing from it, and adaptive
-# speculation then decodes plainly.
-SELF_DRAFT_WEIGHTS = "int8_a8"
 
 
 def draft_engine(draft: str | Path | Checkpoint, main: Engine, weights: str | None = None,
