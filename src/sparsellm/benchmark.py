@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from .datasets import load_texts
-from .engine import Engine
-from .generation import BatchGenerator, GenerationConfig, GenerationRequest
-from .models import load_checkpoint
+from .engine import EngineSettings
+from .generation import BatchGenerator, GenerationConfig, GenerationRequest, build_stack
 
 SCENARIOS = ("sync", "async")
 
@@ -84,17 +83,14 @@ class BenchmarkResult:
 
 def benchmark(
     model: str | Path,
-    batch_size: int = 1,
     scenario: str = "sync",
     input_ids_length: int = 32,
     generated_tokens: int = 128,
-    sequence_length: int | None = None,
     time_limit: float = 10.0,
     warmup_time: float = 2.0,
-    num_cores: int | None = None,
-    weights: str | None = None,
     progress: bool | None = None,
-    kv_cache_dtype: str = "fp32",
+    settings: EngineSettings | None = None,
+    **engine_settings: Any,
 ) -> BenchmarkResult:
     """Generate `generated_tokens` after `input_ids_length`-token prompts, repeatedly, for
     `time_limit` seconds (after `warmup_time` seconds of warm-up).
@@ -102,12 +98,14 @@ def benchmark(
     sync: `batch_size` sequences start together and decode as one batch each iteration.
     async: `batch_size` concurrent streams; a finished stream is replaced at once (continuous
     batching), so the batch stays full.
+
+    The model runs as `settings` (default: one sequence, `batch_size=1`) with
+    `engine_settings` (any `EngineSettings` field: batch_size, num_cores, weights,
+    kv_cache_dtype, ...) applied; sequence_length defaults to prompt + generated tokens.
     """
     _check_times(time_limit, warmup_time)
-    session = _Session(model, batch_size=batch_size, scenario=scenario,
-                       input_ids_length=input_ids_length, generated_tokens=generated_tokens,
-                       sequence_length=sequence_length, num_cores=num_cores, weights=weights,
-                       kv_cache_dtype=kv_cache_dtype)
+    session = _Session(model, scenario=scenario, input_ids_length=input_ids_length,
+                       generated_tokens=generated_tokens, settings=settings, **engine_settings)
     session.run(warmup_time, progress=False, record=False)
     session.run(time_limit, progress=progress)
     return session.close()
@@ -152,30 +150,28 @@ def _check_times(time_limit: float, warmup_time: float) -> None:
 class _Session:
     """One model set up for benchmarking; `run` measures for a while and adds to `stats`."""
 
-    def __init__(self, model: str | Path, batch_size: int = 1, scenario: str = "sync",
-                 input_ids_length: int = 32, generated_tokens: int = 128,
-                 sequence_length: int | None = None, num_cores: int | None = None,
-                 weights: str | None = None, kv_cache_dtype: str = "fp32"):
+    def __init__(self, model: str | Path, scenario: str = "sync", input_ids_length: int = 32,
+                 generated_tokens: int = 128, settings: EngineSettings | None = None,
+                 **engine_settings: Any):
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; accepted: {', '.join(SCENARIOS)}")
-        _check_settings(batch_size=batch_size, input_ids_length=input_ids_length,
-                        generated_tokens=generated_tokens)
-        if sequence_length is None:
-            sequence_length = input_ids_length + generated_tokens
-        if input_ids_length + generated_tokens > sequence_length:
+        _check_settings(input_ids_length=input_ids_length, generated_tokens=generated_tokens)
+        settings = (settings or EngineSettings(batch_size=1)).replace(model_path=model,
+                                                                       **engine_settings)
+        if settings.sequence_length is None:
+            settings = settings.replace(sequence_length=input_ids_length + generated_tokens)
+        if input_ids_length + generated_tokens > settings.sequence_length:
             raise ValueError(f"input_ids_length + generated_tokens ({input_ids_length} + "
-                             f"{generated_tokens}) exceeds sequence_length ({sequence_length})")
-        self.model, self.weights, self.scenario = model, weights, scenario
-        self.input_ids_length, self.sequence_length = input_ids_length, sequence_length
-        checkpoint = load_checkpoint(model)
-        self.engine = Engine(checkpoint, sequence_length=sequence_length,
-                             max_sequences=batch_size, num_cores=num_cores, weights=weights,
-                             kv_cache_dtype=kv_cache_dtype)
-        self.prompts = _prompts(checkpoint.tokenizer, batch_size, input_ids_length)
+                             f"{generated_tokens}) exceeds sequence_length "
+                             f"({settings.sequence_length})")
+        self.model, self.weights, self.scenario = model, settings.weights, scenario
+        self.input_ids_length, self.sequence_length = input_ids_length, settings.sequence_length
+        stack = build_stack(settings)
+        self.engine, self.generator = stack.engine, stack.generator
+        self.prompts = _prompts(stack.checkpoint.tokenizer, settings.batch_size,
+                                input_ids_length)
         self.config = GenerationConfig(max_generated_tokens=generated_tokens,
                                        force_max_tokens=True)
-        self.generator = BatchGenerator(self.engine, checkpoint.tokenizer,
-                                        checkpoint.eos_token_ids)
         self.stats = _new_stats()
         self.rounds: list[float] = []
 

@@ -16,12 +16,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .engine import Engine
-from .engine.engine import DEFAULT_PROMPT_CHUNK
-from .generation import BatchGenerator, GenerationConfig, GenerationRequest, TokenEvent
-from .generation.drafters import draft_engine
-from .generation.speculative import speculator_for
-from .models import DEFAULT_MODEL, Checkpoint, load_checkpoint
+from .engine import EngineSettings
+from .generation import GenerationConfig, GenerationRequest, TokenEvent, build_stack
+from .generation.speculative import SpeculationStats
+from .models import Checkpoint
 
 TEXT_GENERATION_TASKS = ("text-generation", "text_generation", "textgeneration", "chat")
 
@@ -62,8 +60,9 @@ class Pipeline:
     """Entry point familiar to DeepSparse users: `Pipeline.create(task=..., model_path=...)`."""
 
     @staticmethod
-    def create(task: str = "text-generation", model_path: str | Path | Checkpoint = DEFAULT_MODEL,
+    def create(task: str = "text-generation", model_path: str | Path | Checkpoint | None = None,
                **kwargs: Any) -> TextGeneration:
+        """`kwargs`: those of `TextGeneration` (engine settings, generation defaults)."""
         if task.lower() not in TEXT_GENERATION_TASKS:
             raise ValueError(
                 f"unknown task {task!r}; supported: {', '.join(TEXT_GENERATION_TASKS)}"
@@ -74,80 +73,47 @@ class Pipeline:
 class TextGeneration(Pipeline):
     """Generate text with a causal LM.
 
-    Construction settings size the engine (`sequence_length` tokens per sequence, `batch_size`
-    sequences decoded together, prompts processed `prompt_processing_sequence_length` tokens at
-    a time, `num_cores` threads; `sequence_length` defaults to an exported deployment's, else
-    1024). `weights` (a `sparsellm.kernels.FORMATS` name, e.g. "int8_a8") converts every linear
-    weight on load instead of running the checkpoint's declared formats (converted weights are
-    cached for the next load in `weights_cache`: True for the default folder, a folder, or
-    False; see `Engine`); `kv_cache_dtype="fp16"`
-    (or "int8") stores the KV cache in half precision (int8: per-token scales), for half (a
-    quarter of) the memory. Any `GenerationConfig`
-    field passed here becomes a default that each call can override. With `draft_model_path` (a
-    smaller or compressed model with the same tokenizer; "auto": the model itself in a smaller
-    format, `draft_weights` or else generation.drafters.SELF_DRAFT_WEIGHTS; `draft_weights`
-    converts any draft's weights) or `prompt_lookup=True` (n-gram matches
-    in the prompt and the text so far; with a draft model too, lookup first and the draft where
-    lookup finds nothing) decoding is speculative: up to `num_speculative_tokens` tokens are
-    drafted per step and the model verifies them; outputs are those of the model alone. With
-    `adaptive_speculation` (the default) each sequence drafts as many tokens as its measured
-    acceptance and the cost of drafting make worthwhile, none where it does not pay; False
-    drafts `num_speculative_tokens` every step.
+    Keyword arguments are engine settings (any `sparsellm.engine.EngineSettings` field:
+    `sequence_length` tokens per sequence, `batch_size` sequences decoded together, prompts
+    processed `prompt_processing_sequence_length` tokens at a time, `num_cores` threads,
+    `weights` to convert every linear weight on load (e.g. "int8_a8"), `weights_cache`,
+    `kv_cache_dtype="fp16"` or "int8", and speculative decoding: `draft_model_path` (a smaller
+    or compressed model with the same tokenizer, or "auto": the model itself in a smaller
+    format, `draft_weights`), `prompt_lookup`, `num_speculative_tokens`,
+    `adaptive_speculation`; each field's help says more) or generation defaults (any
+    `GenerationConfig` field, which each call can override; or `generation_config`).
+    `settings`: an `EngineSettings` (or a subclass) the keyword arguments are applied over;
+    `model_path` replaces its model. With speculative decoding, outputs are those of the model
+    alone.
     """
 
     def __init__(
         self,
-        model_path: str | Path | Checkpoint = DEFAULT_MODEL,
-        sequence_length: int | None = None,
-        prompt_processing_sequence_length: int = DEFAULT_PROMPT_CHUNK,
-        batch_size: int = 4,
-        num_cores: int | None = None,
-        weights: str | None = None,
-        weights_cache: str | Path | bool = True,
-        kv_cache_dtype: str = "fp32",
-        internal_kv_cache: bool = True,  # accepted for DeepSparse compatibility; always internal
+        model_path: str | Path | Checkpoint | None = None,
+        *,
+        settings: EngineSettings | None = None,
         generation_config: GenerationConfig | dict[str, Any] | None = None,
-        draft_model_path: str | Path | Checkpoint | None = None,
-        draft_weights: str | None = None,
-        num_speculative_tokens: int = 4,
-        adaptive_speculation: bool = True,
-        prompt_lookup: bool = False,
-        **generation_kwargs: Any,
+        **kwargs: Any,
     ):
+        settings = settings or EngineSettings()
+        names = set(settings.names())
+        engine = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         if isinstance(generation_config, dict):
             generation_config = GenerationConfig.from_kwargs(**generation_config)
-        self.generation_config = GenerationConfig.from_kwargs(
-            generation_config, **generation_kwargs
-        )
-        checkpoint = model_path if isinstance(model_path, Checkpoint) else \
-            load_checkpoint(model_path)
-        self.model_path = str(checkpoint.path)
-        if sequence_length is None:  # an exported deployment's, else 1024
-            sequence_length = int(checkpoint.deployment.get("sequence_length", 1024))
-        self.engine = Engine(
-            checkpoint,
-            sequence_length=sequence_length,
-            max_sequences=batch_size,
-            prompt_processing_sequence_length=prompt_processing_sequence_length,
-            num_cores=num_cores,
-            weights=weights,
-            weights_cache=weights_cache,
-            kv_cache_dtype=kv_cache_dtype,
-        )
-        self.tokenizer = checkpoint.tokenizer
-        self.sequence_length = sequence_length
-        self.draft_engine = None
-        if draft_model_path is not None:
-            self.draft_engine = draft_engine(
-                draft_model_path, self.engine, draft_weights, sequence_length=sequence_length,
-                max_sequences=batch_size,
-                prompt_processing_sequence_length=prompt_processing_sequence_length,
-                num_cores=num_cores, kv_cache_dtype=kv_cache_dtype, weights_cache=weights_cache,
-            )
-        speculator = speculator_for(self.engine, self.tokenizer, self.draft_engine,
-                                    prompt_lookup, num_speculative_tokens, adaptive_speculation)
-        self.generator = BatchGenerator(self.engine, self.tokenizer, checkpoint.eos_token_ids,
-                                        speculator=speculator)
+        self.generation_config = GenerationConfig.from_kwargs(generation_config, **kwargs)
+        stack = build_stack(settings.replace(model_path=model_path, **engine))
+        self.settings = stack.settings
+        self.model_path = str(stack.checkpoint.path)
+        self.engine = stack.engine
+        self.draft_engine = stack.draft_engine
+        self.generator = stack.generator
+        self.tokenizer = stack.checkpoint.tokenizer
+        self.sequence_length = stack.settings.sequence_length
+
+    @property
+    def speculation(self) -> SpeculationStats | None:
+        """Drafted and accepted token counts so far; None without speculative decoding."""
+        return self.generator.speculation if self.generator.speculator is not None else None
 
     # ---- inputs ---------------------------------------------------------------------------------
     def config_for(self, **overrides: Any) -> GenerationConfig:
@@ -219,15 +185,30 @@ class TextGeneration(Pipeline):
             session_id=session_id,
         )
 
+    def stream(self, prompt: str | list[dict[str, Any]], *, session_id: str | None = None,
+               **generation_kwargs: Any) -> Iterator[TextGenerationOutput]:
+        """Partial outputs of one prompt (a string, or chat messages through the chat template)
+        as its text comes: each holds the new text and the tokens generated since the last one;
+        the last one says why generation finished. Closing the iterator early cancels it."""
+        req = self.request(prompt, self.config_for(**generation_kwargs))
+        label = prompt if isinstance(prompt, str) else self.tokenizer.decode(req.prompt_ids)
+        return self._stream(label, req, session_id or str(uuid.uuid4()))
+
     def _stream(self, prompt: str, req: GenerationRequest,
                 session_id: str) -> Iterator[TextGenerationOutput]:
         self.generator.add(req)
+        token_ids: list[int] = []  # generated since the last output (some have no text yet)
         try:
             while not req.finished:
                 for event in self.generator.step():
-                    if event.request is req and (event.text or event.finished_reason):
+                    if event.request is not req:
+                        continue
+                    if event.token_id is not None:
+                        token_ids.append(event.token_id)
+                    if event.text or event.finished_reason:
                         gen = GeneratedText(event.text, req.finished, req.finished_reason,
-                                            [event.token_id] if event.token_id is not None else [])
+                                            token_ids)
+                        token_ids = []
                         yield TextGenerationOutput([prompt], [gen], session_id=session_id)
         finally:
             if not req.finished:  # the consumer stopped early

@@ -24,14 +24,14 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .engine import Engine
-from .generation import BatchGenerator, GenerationConfig, GenerationRequest
-from .generation.drafters import SELF_DRAFT, SELF_DRAFT_WEIGHTS, draft_engine
-from .generation.speculative import SpeculationStats, speculator_for
+from .engine import EngineSettings
+from .engine.settings import SELF_DRAFT, SELF_DRAFT_WEIGHTS
+from .generation import GenerationConfig, GenerationRequest, build_stack
+from .generation.speculative import SpeculationStats
 from .models import load_checkpoint
 from .progress import progress_bar
 
@@ -156,24 +156,25 @@ def benchmark_speculation(
     model: str | Path,
     prompts: str | Path | Sequence[Prompt] = DEFAULT_PROMPTS,
     draft_models: Sequence[str | Path] = (SELF_DRAFT,),
-    draft_weights: str | None = None,
     prompt_lookup: bool = True,
-    num_speculative_tokens: int = 4,
-    adaptive: bool = True,
     generated_tokens: int = 128,
     rounds: int = 1,
-    weights: str | None = None,
-    num_cores: int | None = None,
-    kv_cache_dtype: str = "fp32",
     progress: bool | None = None,
+    adaptive: bool | None = None,
+    settings: EngineSettings | None = None,
+    **engine_settings: Any,
 ) -> SpeculationBenchmark:
     """Plain greedy decode and every speculative method on every prompt (module docstring).
     `draft_models`: paths, registry names or "auto" (the model in `draft_weights`, default
-    SELF_DRAFT_WEIGHTS); `draft_weights` converts every draft's weights; `prompt_lookup` adds
-    prompt lookup alone and in front of each draft."""
+    SELF_DRAFT_WEIGHTS); `prompt_lookup` adds prompt lookup alone and in front of each draft.
+    The model runs as `settings` with `engine_settings` applied (any `EngineSettings` field:
+    weights, num_cores, kv_cache_dtype, draft_weights for every draft, num_speculative_tokens,
+    adaptive_speculation (or `adaptive`), ...; one sequence at a time)."""
     if generated_tokens < 1 or rounds < 1:
         raise ValueError(f"generated_tokens and rounds must be >= 1, got {generated_tokens} "
                          f"and {rounds}")
+    settings = (settings or EngineSettings()).replace(
+        model_path=model, batch_size=1, adaptive_speculation=adaptive, **engine_settings)
     if not isinstance(prompts, Sequence) or isinstance(prompts, str):
         prompts = read_prompts(prompts)
     checkpoint = load_checkpoint(model)
@@ -181,27 +182,26 @@ def benchmark_speculation(
     ids = [tokenizer.encode(p.text) if p.messages is None else
            tokenizer.apply_chat_template(p.messages, add_generation_prompt=True)
            for p in prompts]
-    length = max(len(i) for i in ids) + generated_tokens + 1
-    engine = Engine(checkpoint, sequence_length=length, num_cores=num_cores, weights=weights,
-                    kv_cache_dtype=kv_cache_dtype)
-    settings = dict(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive)
-    generators = {PLAIN: BatchGenerator(engine, tokenizer, checkpoint.eos_token_ids)}
-
-    def add(name: str, draft: Engine | None, lookup: bool) -> None:
-        generators[name] = BatchGenerator(
-            engine, tokenizer, checkpoint.eos_token_ids,
-            speculator=speculator_for(engine, tokenizer, draft, lookup, **settings))
-
+    # Every method on one main engine: each stack after the first reuses it (and a draft's
+    # engine serves that draft alone and behind lookup).
+    plain = replace(settings, sequence_length=max(len(i) for i in ids) + generated_tokens + 1,
+                    draft_model_path=None, prompt_lookup=False)
+    first = build_stack(plain, checkpoint)
+    engine = first.engine
+    generators = {PLAIN: first.generator}
     if prompt_lookup:
-        add(LOOKUP, None, True)
+        generators[LOOKUP] = build_stack(replace(plain, prompt_lookup=True),
+                                         engine=engine).generator
+    draft_weights = settings.draft_weights
     for d in draft_models:
-        draft = draft_engine(d, engine, draft_weights, sequence_length=length,
-                             num_cores=num_cores, kv_cache_dtype=kv_cache_dtype)
+        drafted = build_stack(plain.replace(draft_model_path=d), engine=engine)
         name = f"self ({draft_weights or SELF_DRAFT_WEIGHTS})" if str(d) == SELF_DRAFT else \
             f"draft {d}" + (f" ({draft_weights})" if draft_weights else "")
-        add(name, draft, False)
+        generators[name] = drafted.generator
         if prompt_lookup:
-            add(f"{LOOKUP}+{name}", draft, True)
+            generators[f"{LOOKUP}+{name}"] = build_stack(
+                replace(plain, prompt_lookup=True), engine=engine,
+                draft_engine=drafted.draft_engine).generator
 
     config = GenerationConfig(max_generated_tokens=generated_tokens, force_max_tokens=True)
     warmup = GenerationConfig(max_generated_tokens=8, force_max_tokens=True)
@@ -222,14 +222,15 @@ def benchmark_speculation(
                     times[name][i].append(time.perf_counter() - started)
                     outputs[name][i].append(done.output_ids)
                     bar.update()
-    plain = [runs[0] for runs in outputs[PLAIN]]
+    plain_outputs = [runs[0] for runs in outputs[PLAIN]]
     return SpeculationBenchmark(
-        model=str(model), weights=weights or engine.weights_description,
+        model=str(model), weights=settings.weights or engine.weights_description,
         num_cores=engine.num_threads, generated_tokens=generated_tokens, rounds=rounds,
-        prompts=list(prompts), **settings,
+        prompts=list(prompts), num_speculative_tokens=settings.num_speculative_tokens,
+        adaptive=settings.adaptive_speculation,
         methods=[MethodResult(name, [statistics.median(t) for t in times[name]],
                               [all(o == p for o in runs)
-                               for runs, p in zip(outputs[name], plain, strict=True)],
+                               for runs, p in zip(outputs[name], plain_outputs, strict=True)],
                               generators[name].speculation)
                  for name in names],
     )

@@ -10,6 +10,7 @@ import pytest
 
 from sparsellm.cli import main as cli
 from sparsellm.cluster.evaluate import RayWorkers
+from sparsellm.engine import EngineSettings
 from sparsellm.evaluation import EvalSettings, evaluate, evaluate_humaneval
 from sparsellm.models import load_checkpoint
 
@@ -40,8 +41,8 @@ def test_perplexity_on_two_workers_equals_the_local_run(workers, tiny_llama_dir)
 
 
 def test_humaneval_on_two_workers_equals_the_local_run(workers, tiny_llama_dir):
-    settings = EvalSettings(model="tiny", dataset="known", sequence_length=64, batch_size=2,
-                            num_cores=1)
+    settings = EvalSettings(model="tiny", dataset="known", engine=EngineSettings(
+        sequence_length=64, batch_size=2, num_cores=1))
     args = dict(max_generated_tokens=6, stop=["\n", "\r"], timeout=10)
     checkpoint = load_checkpoint(tiny_llama_dir)
     local = evaluate_humaneval(checkpoint, PROBLEMS, settings, **args)

@@ -37,6 +37,7 @@ def test_known_passing_and_failing_programs_are_counted(tiny_model) -> None:
     """A runner that marked everything failed (or passed) fails this: each prompt ends in a
     comment that the completion, cut at its first newline, cannot leave, so the program's
     outcome is known: `add` is right, `sub` is wrong."""
+    from sparsellm.engine import EngineSettings
     from sparsellm.evaluation import EvalSettings, evaluate_humaneval
     from sparsellm.models import load_checkpoint
 
@@ -47,7 +48,8 @@ def test_known_passing_and_failing_programs_are_counted(tiny_model) -> None:
         {"task_id": "known/fail", "prompt": "def sub(a, b):\n    return a - b  # ",
          "entry_point": "sub", "test": test},
     ]
-    settings = EvalSettings(model="tiny", dataset="known", sequence_length=64, batch_size=2)
+    settings = EvalSettings(model="tiny", dataset="known",
+                            engine=EngineSettings(sequence_length=64, batch_size=2))
     result = evaluate_humaneval(load_checkpoint(tiny_model), problems, settings,
                                 max_generated_tokens=6, stop=["\n", "\r"], timeout=10)
     assert all(p["completion"] and not set(p["completion"]) & {"\n", "\r", "\0"}

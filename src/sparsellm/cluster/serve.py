@@ -6,7 +6,8 @@ as many replicas as Serve runs, each one engine with its own threads.
 
 The arguments are `sparsellm serve`'s options (model, served_model_name, config_file,
 max_concurrent_requests, weights, kv_cache_dtype, draft_model, ...; with `_` for `-`), checked
-by the same code with the same errors, plus `num_replicas`. Serve's config file may set the
+by the same code with the same errors (`server/options.py`; the engine settings' come from
+`EngineSettings`), plus `num_replicas`. Serve's config file may set the
 `ModelReplica` deployment's `num_replicas`, `autoscaling_config` and `ray_actor_options`
 (`num_cpus` is then a replica's thread count unless `num_cores` is given).
 
@@ -36,7 +37,7 @@ from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 from starlette.types import Message
 
-from ..commands import serve as serve_command
+from ..server import options as serve_options
 from ..server.config import ServerConfig
 from ..server.errors import error_bytes
 from ..server.local import LocalServer
@@ -229,8 +230,15 @@ def server_config(args: dict[str, Any]) -> ServerConfig:
     """`serve run` arguments (or a Serve config file's `args`) -> the ServerConfig that
     `sparsellm serve` would build from the same options; errors name the argument."""
     parser = _Parser(prog="sparsellm.cluster.serve:app")
-    serve_command.add_arguments(parser)
-    flags = {a.dest: a for a in parser._actions if a.dest not in ("help", *NOT_ARGS)}
+    serve_options.add_arguments(parser)
+    flags: dict[str, argparse.Action] = {}
+    off: dict[str, argparse.Action] = {}  # a flag that sets a value to False (--no-weights-cache)
+    for a in parser._actions:
+        if a.dest in ("help", *NOT_ARGS):
+            continue
+        if isinstance(a, argparse._StoreConstAction) and a.const is False:
+            off[a.dest] = a
+        flags.setdefault(a.dest, a)
     unknown = set(args) - set(flags)
     if unknown:
         raise ValueError(f"unknown argument(s) {sorted(unknown)} for sparsellm.cluster.serve:app;"
@@ -239,7 +247,9 @@ def server_config(args: dict[str, Any]) -> ServerConfig:
     argv: list[str] = []
     for key, value in args.items():
         action = flags[key]
-        if not action.option_strings:  # the positional MODEL
+        if key in off and str(value).lower() in ("0", "false", "no"):
+            argv.append(off[key].option_strings[0])
+        elif not action.option_strings:  # the positional MODEL
             argv.append(str(value))
         elif isinstance(action, argparse.BooleanOptionalAction):
             on = str(value).lower() in ("1", "true", "yes")
@@ -253,7 +263,7 @@ def server_config(args: dict[str, Any]) -> ServerConfig:
         namespace = parser.parse_args(argv)
     except _ArgumentError as e:
         raise ValueError(f"sparsellm.cluster.serve:app: {e}") from None
-    return serve_command.server_config(namespace)
+    return serve_options.server_config(namespace)
 
 
 def app(args: dict[str, Any]) -> serve.Application:

@@ -14,8 +14,8 @@ import sys
 import time
 from functools import partial
 
+from ..engine import EngineSettings
 from ..models import DEFAULT_MODEL
-from .generate import add_engine_arguments, engine_kwargs
 from .ray_options import add_ray_arguments, check_ray_arguments
 
 
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrent-requests", type=int, default=None,
                    help="sequences generated together per engine (default 8)")
     add_ray_arguments(p, "the rows")
-    add_engine_arguments(p)
+    EngineSettings.add_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
     rows = read_rows(args.prompts, chat=args.chat, request=request)
     model = args.model or DEFAULT_MODEL
     name = args.served_model_name or model
-    engine = engine_kwargs(args)
+    engine = EngineSettings.given(args)
     num_cores = engine.pop("num_cores", None)
     config = ServerConfig(
         endpoints=[{"model": model, "name": name, "kwargs": engine}], num_cores=num_cores,

@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine.settings import ENGINE, SELF_DRAFT, SPECULATION, EngineSettings
+
+# Flags of their own: the speculation benchmark compares drafting methods, so --draft-model
+# (repeatable) and --prompt-lookup (default on) choose the methods it measures.
+NOT_SETTINGS = ("draft_model_path", "prompt_lookup")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model path, GGUF file or registry name")
-    p.add_argument("--batch-size", "-b", type=int, default=1)
+    EngineSettings.add_arguments(p, ["batch_size"], defaults={"batch_size": 1},
+                                 flags={"batch_size": ("--batch-size", "-b")})
     p.add_argument("--scenario", "-s", choices=["sync", "async"], default="sync",
                    help="sync: one batch at a time; async: concurrent streams, kept full")
-    p.add_argument("--sequence-length", type=int, default=None,
-                   help="KV-cache tokens per sequence (default: prompt + generated)")
     p.add_argument("--input-ids-length", type=int, default=32, help="prompt tokens")
     p.add_argument("--generated-tokens", type=int, default=128)
     p.add_argument("--time", "-t", type=float, default=10.0, help="seconds to measure")
     p.add_argument("--warmup-time", "-w", type=float, default=2.0)
-    p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
-    p.add_argument("--weights", default=None, metavar="FORMAT",
-                   help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8, "
-                   "sparse_int8_a8; sparsellm.kernels.FORMATS)")
-    p.add_argument("--kv-cache-dtype", choices=["fp32", "fp16", "int8"], default="fp32",
-                   help="KV-cache storage (fp16 / int8: a half / a quarter of the bytes "
-                        "attention reads)")
+    EngineSettings.add_arguments(p, group=ENGINE, helps={
+        "sequence_length": "KV-cache tokens per sequence (default: prompt + generated)"})
     p.add_argument("--compare", default=None, metavar="MODEL2",
                    help="benchmark a second model in the same process, in alternating rounds, "
                         "and print the ratio")
@@ -45,19 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--draft-model", action="append", default=None, metavar="DRAFT",
                       help="a draft model to benchmark, alone and behind prompt lookup; "
                            "repeatable; 'auto': the model drafting for itself (the default)")
-    spec.add_argument("--draft-weights", default=None, metavar="FORMAT",
-                      help="convert the drafts' weights on load (for 'auto': the format the "
-                           "model drafts in, default int8_a8)")
     spec.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
                       help="benchmark prompt lookup, alone and in front of each draft "
                            "(default: yes)")
-    spec.add_argument("--num-speculative-tokens", type=int, default=4,
-                      help="most tokens drafted per step (default 4)")
-    spec.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction,
-                      default=True,
-                      help="draft 0 to --num-speculative-tokens tokens per step, as measured "
-                           "acceptance and cost make worthwhile (the default, as in generate "
-                           "and serve)")
+    EngineSettings.add_arguments(spec, group=SPECULATION, exclude=NOT_SETTINGS)
     p.add_argument("--export-json", default=None, metavar="FILE")
 
 
@@ -66,38 +57,34 @@ def main(args: argparse.Namespace) -> int:
     from ..benchmark import benchmark, benchmark_compare, compare_report
 
     rounds = args.rounds
+    given = {k: v for k, v in EngineSettings.given(args).items() if k not in NOT_SETTINGS}
     if args.speculation or args.prompts or args.draft_model:
         from ..speculation_benchmark import DEFAULT_PROMPTS, benchmark_speculation
 
+        given.pop("batch_size")  # one prompt at a time
         result = benchmark_speculation(
             args.model, args.prompts or DEFAULT_PROMPTS,
-            draft_models=args.draft_model or ["auto"], draft_weights=args.draft_weights,
-            prompt_lookup=args.prompt_lookup, num_speculative_tokens=args.num_speculative_tokens,
-            adaptive=args.adaptive_speculation, generated_tokens=args.generated_tokens,
-            rounds=1 if rounds is None else rounds, weights=args.weights,
-            num_cores=args.num_cores,
-            kv_cache_dtype=args.kv_cache_dtype)
+            draft_models=args.draft_model or [SELF_DRAFT], prompt_lookup=args.prompt_lookup,
+            generated_tokens=args.generated_tokens, rounds=1 if rounds is None else rounds,
+            **given)
         print(result.report())
         if args.export_json:
             write_json_atomic(args.export_json, result.to_dict())
         return 0
 
-    settings = dict(batch_size=args.batch_size, scenario=args.scenario,
-                    input_ids_length=args.input_ids_length, generated_tokens=args.generated_tokens,
-                    sequence_length=args.sequence_length, time_limit=args.time,
-                    warmup_time=args.warmup_time, num_cores=args.num_cores,
-                    kv_cache_dtype=args.kv_cache_dtype)
+    settings = dict(scenario=args.scenario, input_ids_length=args.input_ids_length,
+                    generated_tokens=args.generated_tokens, time_limit=args.time,
+                    warmup_time=args.warmup_time, **given)
     if args.compare:
         results = list(benchmark_compare(args.model, args.compare,
-                                         rounds=5 if rounds is None else rounds,
-                                         weights=args.weights, **settings))
+                                         rounds=5 if rounds is None else rounds, **settings))
         print(results[0].report())
         print()
         print(results[1].report())
         print()
         print(compare_report(results[0], results[1]))
     else:
-        results = [benchmark(args.model, weights=args.weights, **settings)]
+        results = [benchmark(args.model, **settings)]
         print(results[0].report())
     if args.export_json:
         write_json_atomic(args.export_json, [r.to_dict() for r in results])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..engine.settings import ENGINE, EngineSettings
 from ..models import DEFAULT_MODEL
 from .ray_options import add_ray_arguments, check_ray_arguments
 
@@ -47,23 +48,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="column(s) joined in order into each sample's text (perplexity; default "
                    "prompt canonical_solution for HumanEval, else text)")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N samples")
-    p.add_argument("--sequence-length", type=int, default=None,
-                   help="tokens per window / sequence (default: the model's context, max 2048)")
     p.add_argument("--stride", type=int, default=None,
                    help="window step for samples longer than the sequence length "
                    "(default sequence_length // 2)")
-    p.add_argument("--batch-size", type=int, default=4,
-                   help="samples scored or generated together (default 4)")
     p.add_argument("--max-generated-tokens", "--max-new-tokens", type=int, default=384,
                    help="humaneval: tokens generated per problem at most (default 384)")
     p.add_argument("--timeout", type=float, default=5.0,
                    help="humaneval: seconds allowed per program (default 5)")
-    p.add_argument("--prompt-processing-sequence-length", type=int, default=128,
-                   help="tokens per sequence per engine step (default 128)")
-    p.add_argument("--num-cores", type=int, default=None, help="threads (default: all cores)")
-    p.add_argument("--weights", default=None, metavar="FORMAT",
-                   help="convert every linear weight on load (e.g. int8_a8, int4_g32_a8) "
-                   "instead of running the checkpoint's declared formats")
+    EngineSettings.add_arguments(p, ["batch_size"], defaults=dict(batch_size=4), helps=dict(
+        batch_size="samples scored or generated together (default 4)"))
+    EngineSettings.add_arguments(
+        p, group=ENGINE, defaults=dict(prompt_processing_sequence_length=128),
+        helps=dict(sequence_length="tokens per window / sequence (default: the model's "
+                                   "context, max 2048)"))
     add_ray_arguments(p, "perplexity samples or HumanEval problems")
     p.add_argument("--export-json", default=None, metavar="FILE",
                    help="write the results (a JSON list, one object per model) to FILE")
@@ -110,14 +107,10 @@ def main(args: argparse.Namespace) -> int:
             model, datasets=args.tasks if harness else args.dataset,
             integration=args.integration, num_fewshot=args.num_fewshot,
             include_path=args.include_path,
-            text_column_name=args.text_column_name, limit=args.limit,
-            sequence_length=args.sequence_length, stride=args.stride,
-            batch_size=args.batch_size, max_generated_tokens=args.max_generated_tokens,
-            split=args.split, timeout=args.timeout,
-            prompt_processing_sequence_length=args.prompt_processing_sequence_length,
-            num_cores=num_cores,
-            weights=args.weights,
-            workers=workers,
+            text_column_name=args.text_column_name, limit=args.limit, stride=args.stride,
+            max_generated_tokens=args.max_generated_tokens, split=args.split,
+            timeout=args.timeout, workers=workers,
+            **{**EngineSettings.given(args), "num_cores": num_cores},
         )
         if not results:  # the header once the first model evaluated (errors come first)
             print(_row(columns, [name for name, _, _ in columns]), flush=True)

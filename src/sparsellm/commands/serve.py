@@ -4,52 +4,18 @@
     sparsellm serve --integration openai ./pruned50-quant     # the model id is "./pruned50-quant"
     sparsellm serve ./pruned50-quant --served-model-name pruned --kv-cache-dtype int8
     sparsellm serve --config-file config.yaml
+
+Its options and the ServerConfig they make are `server/options.py`'s (the Ray app shares them).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-from typing import TYPE_CHECKING
 
-from ..models import DEFAULT_MODEL
-from .generate import add_engine_arguments, engine_kwargs
+from ..server.options import add_arguments, server_config
 
-if TYPE_CHECKING:
-    from ..server.config import ServerConfig
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help=f"model to serve (path, GGUF, registry name, hf:org/name; default "
-                        f"{DEFAULT_MODEL}); the same as --model_path")
-    p.add_argument("--task", default=None, help="text-generation (the default)")
-    p.add_argument("--model_path", "--model-path", dest="model_path", default=None,
-                   help="model to serve, as MODEL")
-    p.add_argument("--served-model-name", "--served_model_name", dest="served_model_name",
-                   default=None, help="the model's id in /v1/models and in requests' `model` "
-                                      "(default: MODEL as given)")
-    p.add_argument("--config-file", "--config_file", dest="config_file", default=None,
-                   help="YAML file with `endpoints` (task, model, route, name, kwargs) and "
-                        "any of the settings below")
-    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="port (default 5543)")
-    p.add_argument("--integration", choices=["local", "openai"], default=None,
-                   help="only /predict (local) or only /v1 (openai); default both")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' (default: $SPARSELLM_API_KEY)")
-    p.add_argument("--max-concurrent-requests", type=int, default=None,
-                   help="sequences generated together per model = engine batch slots (default 4)")
-    p.add_argument("--max-queue", type=int, default=None,
-                   help="requests waiting for a slot per model before 429s (default 64)")
-    p.add_argument("--max-request-bytes", type=int, default=None,
-                   help="largest request body accepted (default 1 MiB)")
-    p.add_argument("--drain-timeout", type=float, default=None,
-                   help="seconds SIGTERM waits for in-flight requests (default 30)")
-    p.add_argument("--log-level", default=None,
-                   choices=["critical", "error", "warning", "info", "debug", "trace"])
-    add_engine_arguments(p)
+__all__ = ["add_arguments", "main", "server_config"]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,33 +25,3 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=config.log_level.upper() if config.log_level != "trace"
                         else "DEBUG", format="%(levelname)s:     %(name)s: %(message)s")
     return serve(config)
-
-
-def server_config(args: argparse.Namespace) -> ServerConfig:
-    """The command line (and its --config-file) as one validated ServerConfig."""
-    from ..server.config import ServerConfig
-
-    overrides = dict(
-        host=args.host, port=args.port, integration=args.integration,
-        api_key=args.api_key or os.environ.get("SPARSELLM_API_KEY") or None,
-        max_concurrent_requests=args.max_concurrent_requests, max_queue=args.max_queue,
-        num_cores=args.num_cores, log_level=args.log_level,
-        max_request_bytes=args.max_request_bytes, drain_timeout=args.drain_timeout,
-    )
-    engine = engine_kwargs(args)
-    engine.pop("num_cores", None)  # a server setting (overrides above), for every endpoint
-    if args.model is not None and args.model_path is not None:
-        raise ValueError(f"two models given: {args.model!r} and --model_path "
-                         f"{args.model_path!r}; give one (serve several with --config-file)")
-    model = args.model or args.model_path
-    if args.config_file is None or model is not None:
-        model = model or DEFAULT_MODEL
-        overrides["endpoints"] = [{"task": args.task or "text-generation", "model": model,
-                                   "name": args.served_model_name or model, "kwargs": engine}]
-    elif args.task is not None or engine or args.served_model_name is not None:
-        given = ["--task"] * (args.task is not None) + \
-            ["--" + k.removesuffix("_path").replace("_", "-") for k in engine] + \
-            ["--served-model-name"] * (args.served_model_name is not None)
-        raise ValueError(f"{', '.join(given)} go with a model (MODEL or --model_path); with "
-                         "--config-file set them per endpoint (task, name, kwargs)")
-    return ServerConfig.load(args.config_file, **overrides)

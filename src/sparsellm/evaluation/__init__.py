@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from .. import datasets as ds
+from ..engine import EngineSettings
 from ..models import Checkpoint, load_checkpoint
 from ..progress import progress_bar
 from .humaneval import (
@@ -84,6 +85,7 @@ def evaluate(
     num_fewshot: int | None = None,
     include_path: str | Path | Sequence[str | Path] | None = None,
     workers: Workers | None = None,
+    **engine_settings: Any,
 ) -> EvaluationResult:
     """Evaluate `model` with `integration` ("perplexity", "humaneval" or
     "lm-evaluation-harness") on `datasets` (default openai_humaneval).
@@ -110,7 +112,8 @@ def evaluate(
     batch invariant: a token's logits do not depend on what shares its step).
 
     `weights` converts every linear weight on load (e.g. "int8_a8") instead of running the
-    checkpoint's declared formats. `limit` evaluates the first N samples; `progress` shows a
+    checkpoint's declared formats; `engine_settings` are any other `EngineSettings` fields
+    (e.g. kv_cache_dtype). `limit` evaluates the first N samples; `progress` shows a
     progress bar (default: only on a terminal). Bad settings, missing files and unknown columns
     raise ValueError / FileNotFoundError before the model is loaded.
     """
@@ -122,15 +125,17 @@ def evaluate(
                     prompt_processing_sequence_length=prompt_processing_sequence_length)
     if num_fewshot is not None and (not isinstance(num_fewshot, int) or num_fewshot < 0):
         raise ValueError(f"num_fewshot must be an integer >= 0, got {num_fewshot!r}")
+    engine = EngineSettings(
+        model_path=str(model.path) if isinstance(model, Checkpoint) else str(model),
+        batch_size=batch_size, prompt_processing_sequence_length=prompt_processing_sequence_length,
+    ).replace(sequence_length=sequence_length, num_cores=num_cores, weights=weights,
+              **engine_settings)
     if integration == HARNESS:
         if workers is not None:
             raise ValueError("workers split perplexity and humaneval; lm-evaluation-harness "
                              "runs in this process")
-        return _evaluate_harness(model, datasets, limit=limit, sequence_length=sequence_length,
-                                 batch_size=batch_size, num_fewshot=num_fewshot,
-                                 include_path=include_path, num_cores=num_cores,
-                                 weights=weights, progress=progress,
-                                 prompt_processing_sequence_length=prompt_processing_sequence_length)
+        return _evaluate_harness(model, datasets, limit=limit, num_fewshot=num_fewshot,
+                                 include_path=include_path, engine=engine, progress=progress)
     datasets = "openai_humaneval" if datasets is None else datasets
     records = ds.load_records(datasets, limit=limit, split=split)
     if not records:
@@ -140,10 +145,8 @@ def evaluate(
     else:
         check_problems(records)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-    settings = _settings(model, checkpoint, _dataset_name(datasets), limit=limit,
-                         sequence_length=sequence_length, batch_size=batch_size,
-                         prompt_processing_sequence_length=prompt_processing_sequence_length,
-                         num_cores=num_cores, weights=weights, progress=progress)
+    settings = _settings(model, checkpoint, _dataset_name(datasets), engine, limit=limit,
+                         progress=progress)
     if integration == "perplexity":
         return evaluate_perplexity(checkpoint, texts, settings, stride=stride,
                                    columns=ds.text_columns(records, text_column_name),
@@ -154,8 +157,8 @@ def evaluate(
 
 
 def _evaluate_harness(model: str | Path | Checkpoint, tasks: Any, *, limit: int | None,
-                      num_fewshot: int | None, include_path: Any, **engine: Any
-                      ) -> HarnessResult:
+                      num_fewshot: int | None, include_path: Any, engine: EngineSettings,
+                      progress: bool | None) -> HarnessResult:
     if tasks is None:
         raise ValueError("integration 'lm-evaluation-harness' needs lm-eval task names as "
                          "`datasets` (e.g. \"hellaswag,arc_easy\")")
@@ -164,40 +167,46 @@ def _evaluate_harness(model: str | Path | Checkpoint, tasks: Any, *, limit: int 
     names = task_names(tasks)
     manager = task_manager(names, include_path)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-    settings = _settings(model, checkpoint, ",".join(names), limit=limit, **engine)
+    settings = _settings(model, checkpoint, ",".join(names), engine, limit=limit,
+                         progress=progress)
     return evaluate_harness(checkpoint, names, settings, manager, num_fewshot=num_fewshot)
 
 
-def _settings(model: str | Path | Checkpoint, checkpoint: Checkpoint, dataset: str, *,
-              sequence_length: int | None, weights: str | None, **kwargs: Any) -> EvalSettings:
+def _settings(model: str | Path | Checkpoint, checkpoint: Checkpoint, dataset: str,
+              engine: EngineSettings, **kwargs: Any) -> EvalSettings:
     """The settings with the default sequence_length: the model's context, at most 2048."""
-    if sequence_length is None:
+    if engine.sequence_length is None:
         context = int(checkpoint.args.max_position_embeddings or MAX_DEFAULT_SEQUENCE_LENGTH)
-        sequence_length = min(context, MAX_DEFAULT_SEQUENCE_LENGTH)
+        engine = engine.replace(sequence_length=min(context, MAX_DEFAULT_SEQUENCE_LENGTH))
     label = str(model) if not isinstance(model, Checkpoint) else str(checkpoint.path)
+    weights = engine.weights
     return EvalSettings(model=label + (f" [{weights}]" if weights else ""), dataset=dataset,
-                        sequence_length=sequence_length, weights=weights, **kwargs)
+                        engine=engine, **kwargs)
 
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """What both integrations share: how the model runs and how its result is labelled."""
+    """What both integrations share: how the model runs (`engine`, its sequence_length set)
+    and how its result is labelled."""
 
     model: str  # the result's model label
     dataset: str
-    sequence_length: int
+    engine: EngineSettings
     limit: int | None = None
-    batch_size: int = 4
-    prompt_processing_sequence_length: int = 128
-    num_cores: int | None = None
-    weights: str | None = None
     progress: bool | None = None
 
-    def engine_kwargs(self) -> dict[str, Any]:
-        """Engine / TextGeneration settings (besides how many sequences run together)."""
-        return dict(sequence_length=self.sequence_length, num_cores=self.num_cores,
-                    prompt_processing_sequence_length=self.prompt_processing_sequence_length,
-                    weights=self.weights)
+    @property
+    def sequence_length(self) -> int:
+        assert self.engine.sequence_length is not None, "resolved by _settings"
+        return self.engine.sequence_length
+
+    @property
+    def batch_size(self) -> int:
+        return self.engine.batch_size
+
+    @property
+    def weights(self) -> str | None:
+        return self.engine.weights
 
     def result_header(self, checkpoint: Checkpoint, samples: int, start: float
                       ) -> dict[str, Any]:
@@ -247,10 +256,10 @@ def evaluate_perplexity(
 def score_samples(model: Checkpoint | str, settings: EvalSettings, ids: Sequence[Sequence[int]],
                   stride: int, on_scored: Callable[[int], None] | None = None) -> ScoreTotals:
     """Total NLL of tokenized samples on an engine of `settings` (one part of a perplexity)."""
-    from ..engine import Engine
+    from ..generation import build_stack
 
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-    engine = Engine(checkpoint, max_sequences=settings.batch_size, **settings.engine_kwargs())
+    engine = build_stack(settings.engine, checkpoint).engine
     return score_token_ids(engine, ids, settings.sequence_length, stride, on_scored=on_scored)
 
 
@@ -318,8 +327,7 @@ def solve_problems(model: Checkpoint | str, settings: EvalSettings,
     from ..pipeline import TextGeneration
 
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-    pipeline = TextGeneration(checkpoint, batch_size=settings.batch_size,
-                              **settings.engine_kwargs())
+    pipeline = TextGeneration(checkpoint, settings=settings.engine)
     with progress_bar(len(problems), "generating", "problem", settings.progress) as bar:
         completions = generate_completions(pipeline, problems, max_generated_tokens, stop,
                                            on_done=lambda: bar.update(1))

@@ -218,8 +218,7 @@ def evaluate_harness(
     from ..pipeline import TextGeneration
 
     start = time.perf_counter()
-    pipeline = TextGeneration(checkpoint, batch_size=settings.batch_size,
-                              **settings.engine_kwargs())
+    pipeline = TextGeneration(checkpoint, settings=settings.engine)
     model = SparseLLM(pipeline, max_gen_toks=max_gen_toks, progress=settings.progress)
     out = lm_eval.simple_evaluate(model=model, tasks=list(tasks), num_fewshot=num_fewshot,
                                   limit=settings.limit, task_manager=manager, log_samples=False)

@@ -12,23 +12,62 @@ Model paths come only from here (the command line or the config file), never fro
 
 from __future__ import annotations
 
-import inspect
+import functools
 import re
+import typing
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
+from ..engine import EngineSettings
 from ..generation import GenerationConfig
-from ..pipeline import TEXT_GENERATION_TASKS, TextGeneration
+from ..pipeline import TEXT_GENERATION_TASKS
 
-# TextGeneration constructor arguments an endpoint's kwargs may set (besides generation defaults).
-ENGINE_KWARGS = set(inspect.signature(TextGeneration.__init__).parameters) - {
-    "self", "model_path", "generation_config", "generation_kwargs"}
 RESERVED_ROUTES = {"/", "/health", "/metrics", "/docs", "/redoc", "/openapi.json", "/playground"}
 MAX_NAME = 256
 _ROUTE = re.compile(r"^/[A-Za-z0-9._~/-]*$")
+NOT_KWARGS = {"model_path"}  # an endpoint's `model`, not one of its kwargs
+
+
+@functools.cache
+def settings_model(settings: type[EngineSettings]) -> type[BaseModel]:
+    """The strict pydantic model of an endpoint's engine kwargs, made from the fields of
+    `settings` (EngineSettings or a subclass): their types and defaults, no other key."""
+    hints = typing.get_type_hints(settings)
+    return create_model(
+        f"{settings.__name__}Kwargs",
+        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
+        **{f.name: (hints[f.name], ... if f.default is MISSING else f.default)
+           for f in fields(settings) if f.name not in NOT_KWARGS})
+
+
+def endpoint_settings(settings: type[EngineSettings], model: str,
+                      kwargs: dict[str, Any]) -> EngineSettings:
+    """An endpoint's engine kwargs (the entries of `kwargs` that are fields of `settings`) as
+    `settings`; errors say which key and why."""
+    given = {k: v for k, v in kwargs.items() if k in settings.names()}
+    try:
+        values = settings_model(settings).model_validate(given)
+    except ValidationError as e:
+        raise ValueError("; ".join(f"kwargs.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                   for err in e.errors())) from None
+    try:
+        return settings(model_path=model, **{k: getattr(values, k) for k in given})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"kwargs: {e}") from None
 
 
 class EndpointConfig(BaseModel):
@@ -41,7 +80,10 @@ class EndpointConfig(BaseModel):
     model: str
     route: str | None = None
     name: str | None = None
+    # engine settings (EngineSettings fields but model_path) and generation defaults
+    # (GenerationConfig fields)
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    _engine_settings: EngineSettings | None = PrivateAttr(default=None)
 
     @field_validator("task")
     @classmethod
@@ -62,14 +104,32 @@ class EndpointConfig(BaseModel):
 
     @field_validator("kwargs")
     @classmethod
-    def _kwargs(cls, v: dict[str, Any]) -> dict[str, Any]:
-        generation = {k: x for k, x in v.items() if k in GenerationConfig.names()}
-        unknown = set(v) - set(generation) - ENGINE_KWARGS
+    def _kwargs(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        settings = _settings_type(info)
+        accepted = (set(settings.names()) - NOT_KWARGS) | GenerationConfig.names()
+        unknown = set(v) - accepted
         if unknown:
-            raise ValueError(f"unknown kwargs {sorted(unknown)}; accepted: "
-                             f"{sorted(ENGINE_KWARGS | GenerationConfig.names())}")
+            raise ValueError(f"unknown kwargs {sorted(unknown)}; accepted: {sorted(accepted)}")
+        generation = {k: x for k, x in v.items() if k in GenerationConfig.names()}
         GenerationConfig.from_kwargs(**generation)  # fail at startup, not on the first request
         return v
+
+    @model_validator(mode="after")
+    def _settings(self, info: ValidationInfo) -> EndpointConfig:
+        self._engine_settings = endpoint_settings(_settings_type(info), self.model, self.kwargs)
+        return self
+
+    @property
+    def settings(self) -> EngineSettings:
+        """The engine settings of this endpoint: its model and its kwargs' engine settings."""
+        if self._engine_settings is None:  # built without validation (model_construct)
+            self._engine_settings = endpoint_settings(EngineSettings, self.model, self.kwargs)
+        return self._engine_settings
+
+    @property
+    def generation_kwargs(self) -> dict[str, Any]:
+        """The kwargs that are generation defaults (GenerationConfig fields)."""
+        return {k: v for k, v in self.kwargs.items() if k in GenerationConfig.names()}
 
     @model_validator(mode="after")
     def _name(self) -> EndpointConfig:
@@ -120,8 +180,10 @@ class ServerConfig(BaseModel):
         return self.integration in (None, "local")
 
     @classmethod
-    def load(cls, path: str | Path | None = None, **overrides: Any) -> ServerConfig:
-        """Read a YAML config file (if any) and apply command-line `overrides` (None = unset)."""
+    def load(cls, path: str | Path | None = None,
+             settings: type[EngineSettings] = EngineSettings, **overrides: Any) -> ServerConfig:
+        """Read a YAML config file (if any) and apply command-line `overrides` (None = unset);
+        endpoints' engine kwargs are validated as `settings` (EngineSettings or a subclass)."""
         data: dict[str, Any] = {}
         if path is not None:
             text = Path(path).read_text()
@@ -130,12 +192,16 @@ class ServerConfig(BaseModel):
                 raise ValueError(f"{path}: expected a mapping with an `endpoints` list")
         data.update({k: v for k, v in overrides.items() if v is not None})
         try:
-            return cls.model_validate(data)
+            return cls.model_validate(data, context={"settings": settings})
         except ValidationError as e:
             where = f"{path}: " if path else ""
             lines = [f"{'.'.join(map(str, err['loc'])) or 'config'}: "
                      f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors()]
             raise ValueError(where + "invalid server config: " + "; ".join(lines)) from None
+
+
+def _settings_type(info: ValidationInfo) -> type[EngineSettings]:
+    return (info.context or {}).get("settings", EngineSettings)
 
 
 def route_name(name: str) -> str:

@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..generation import GenerationConfig
 from ..pipeline import TextGeneration
@@ -48,8 +47,10 @@ class ServedModel:
 class ModelProvider:
     """Loads every endpoint of a `ServerConfig` as a `TextGeneration` + `Scheduler`.
 
-    `factory(model_path, **kwargs)` builds a pipeline (TextGeneration by default); the engine's
-    batch slots are `max_concurrent_requests` unless an endpoint's kwargs set `batch_size`.
+    `factory(model_path, settings=EngineSettings, **generation_defaults)` builds a pipeline
+    (TextGeneration by default) from the endpoint's settings (`EndpointConfig.settings`); the
+    engine's batch slots are `max_concurrent_requests` and its threads the server's `num_cores`
+    unless an endpoint's kwargs set `batch_size` / `num_cores`.
     """
 
     def __init__(self, config: ServerConfig,
@@ -62,12 +63,12 @@ class ModelProvider:
     def load(self, metrics: Metrics) -> list[ServedModel]:
         served = []
         for e in self.config.endpoints:
-            kwargs: dict[str, Any] = dict(e.kwargs)
-            kwargs.setdefault("batch_size", self.config.max_concurrent_requests)
-            if self.config.num_cores is not None:
-                kwargs.setdefault("num_cores", self.config.num_cores)
+            defaults = dict(batch_size=self.config.max_concurrent_requests,
+                            num_cores=self.config.num_cores)
+            settings = e.settings.replace(**{k: v for k, v in defaults.items()
+                                             if k not in e.kwargs})
             start = time.perf_counter()
-            pipeline = self.factory(e.model, **kwargs)
+            pipeline = self.factory(e.model, settings=settings, **e.generation_kwargs)
             log.info("loaded %s (%s) in %.1f s: %d batch slots, sequence_length %d", e.name,
                      e.model, time.perf_counter() - start, pipeline.engine.max_sequences,
                      pipeline.sequence_length)
