@@ -181,31 +181,51 @@ class BatchGenerator:
                 continue
             if self.speculator is not None:
                 self.speculator.start(r, r.prompt_ids)
-            logits = self.engine.prefill(r.slot, r.prompt_ids,
-                                         all_logits=r.return_logits or r.score_prompt)
-            self._record_prompt(r, logits[:-1])
-            events.append(self._advance(r, logits[-1]))
+            events.append(self._advance(r, self._prefill(r, r.prompt_ids)))
         for event in events:
             if event.request.on_event:
                 event.request.on_event(event)
         return events
 
     def _score_only(self, r: GenerationRequest) -> TokenEvent:
-        """One prefill of all prompt tokens but the last (rows predicting tokens 1..n-1), then
+        """A prefill of all prompt tokens but the last (rows predicting tokens 1..n-1), then
         finish without sampling."""
         if len(r.prompt_ids) > 1:
-            logits = self.engine.prefill(r.slot, r.prompt_ids[:-1], all_logits=True)
-            self._record_prompt(r, logits)
+            self._prefill(r, r.prompt_ids[:-1])
         return self._finish(r, FINISH_LENGTH)
 
-    def _record_prompt(self, r: GenerationRequest, logits: np.ndarray) -> None:
-        """logits (k, vocab): row i predicts prompt token i + 1."""
+    def _prefill(self, r: GenerationRequest, tokens: list[int]) -> np.ndarray:
+        """Feed `tokens` (r's prompt, or all of it but the last) into r's slot -> the last
+        token's logits (vocab,).
+
+        What r asks of the prompt's logits (`return_logits`, `score_prompt`) is taken from each
+        window of `engine.prompt_chunk` tokens as soon as it is computed, and the window's
+        logits are dropped before the next runs: scoring holds one chunk of logits however
+        long the prompt (2,048 tokens at once would be ~400 MB with a 49k vocabulary). The
+        windows start where the engine's own prefill would cut the prompt, so each is the same
+        native step and the logits the same bits as one prefill of the whole prompt.
+        """
+        if not (r.return_logits or r.score_prompt):
+            return self.engine.prefill(r.slot, tokens)[-1]
+        chunk = self.engine.prompt_chunk
+        for start in range(0, len(tokens), chunk):
+            logits = self.engine.prefill(r.slot, tokens[start:start + chunk], all_logits=True)
+            self._record_prompt(r, start, logits)
+            last = logits[-1].copy()  # a copy, not a view that would keep the chunk alive
+            del logits  # before the next window's logits are allocated
+        return last
+
+    def _record_prompt(self, r: GenerationRequest, start: int, logits: np.ndarray) -> None:
+        """logits (k, vocab) of prompt tokens start.. start + k - 1: row i predicts prompt token
+        start + i + 1 (the prompt's last row predicts the first generated token: not kept)."""
+        rows = logits[:len(r.prompt_ids) - 1 - start]
         if r.return_logits:
-            r.logits.append(logits.copy())
+            r.logits.append(rows.copy())
         if r.score_prompt:
             top = r.logprobs or 0
-            r.prompt_logprobs = [_logprobs(row, token, top) for row, token in
-                                 zip(logits, r.prompt_ids[1:len(logits) + 1], strict=True)]
+            targets = r.prompt_ids[start + 1:start + 1 + len(rows)]
+            r.prompt_logprobs += [_logprobs(row, token, top)
+                                  for row, token in zip(rows, targets, strict=True)]
 
     def _advance(self, r: GenerationRequest, logits: np.ndarray) -> TokenEvent:
         """Sample the next token of r from `logits` and emit it."""
