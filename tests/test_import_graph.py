@@ -187,6 +187,15 @@ def test_kernels_import_nothing_above_them(graph):
             if i.target == "sparsellm" or i.target.split(".")[1] in above] == []
 
 
+def test_cluster_and_server_do_not_import_the_commands(graph):
+    """The Ray app and the server share `sparsellm serve`'s options through
+    `server/options.py`; commands/ is the CLI's, imported by nothing but cli.py."""
+    _, imports = graph
+    assert [f"{i.source} imports {i.target}" for i in imports
+            if i.target.startswith("sparsellm.commands")
+            and not i.source.startswith(("sparsellm.commands", "sparsellm.cli"))] == []
+
+
 def test_the_checks_catch_a_cycle_and_an_upward_import(tmp_path):
     """A fake sparsellm tree with the faults this file guards against: found, with the lines."""
     root = tmp_path / "sparsellm"
