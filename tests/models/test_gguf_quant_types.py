@@ -119,6 +119,22 @@ def test_each_type_runs_in_its_declared_format(qtype, quant_files):
         ref_engine.prefill(ref_engine.add_sequence(), ids, all_logits=True), atol=2e-3)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
+def test_an_untied_quantized_embedding_stays_quantized(qtype, quant_files):
+    """Token lookups decode rows of the table in its declared format (Q4_K: its exact
+    integers; Q8_0: int8 per row), not of an fp32 copy of it."""
+    path, written = quant_files(qtype)
+    ck = load_checkpoint(path)
+    embed = Engine(ck, sequence_length=16).model.embed
+    assert embed.format == DECLARED[qtype].name
+    ref = ck.tensors["model.embed_tokens.weight"]
+    if qtype in EXACT:
+        np.testing.assert_array_equal(dequantize(embed)[:, :HIDDEN], ref)
+    else:
+        step = np.abs(ref).max(axis=1, keepdims=True) / 127
+        assert np.all(np.abs(dequantize(embed)[:, :HIDDEN] - ref) <= 0.5 * step * (1 + 1e-5))
+
+
 def test_q4_0_integers_are_exact():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 96)).astype(np.float32)

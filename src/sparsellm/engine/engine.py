@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..models import Checkpoint, load_checkpoint
+from ..models.decoder import EMBEDDING
 from ..progress import progress_bar
 from .kv_cache import KVCache
 from .memory_check import check_fits
@@ -24,6 +25,7 @@ from .weight_cache import WeightCache, cache_dir_of
 from .weights import (
     declared_packed,
     embedding_format,
+    embedding_packed,
     native_sources,
     reference_tensors,
     weight_formats,
@@ -158,12 +160,14 @@ class Engine:
         cache = WeightCache(folder, ckpt.source_files, self.formats) \
             if folder is not None and ckpt.source_files else None
         cached = cache.load() if cache is not None else None
+        packed = cached if cached is not None else declared_packed(ckpt, self.formats)
+        embed = embedding_packed(ckpt, self.formats)
         with progress_bar(len(self.formats), "packing weights", "weight") as bar:
             model = NativeDecoderModel(
                 self.args, native_sources(ckpt, self.formats), self.formats,
                 max_tokens=max_tokens, on_packed=lambda: bar.update(1),
                 num_threads=self.num_cores, embed_format=embedding_format(ckpt, self.formats),
-                packed=cached if cached is not None else declared_packed(ckpt, self.formats))
+                packed=packed if embed is None else {**packed, EMBEDDING: embed})
         if cache is not None and cached is None and model.converted and \
                 cache.save(model.converted):
             logger.info("converted weights cached in %s", cache.path)

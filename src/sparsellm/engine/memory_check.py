@@ -12,6 +12,7 @@ from ..kernels.formats import dense_twin, float_format, packed_nbytes, parse_for
 from ..kernels.layouts import Sparsity
 from ..models import Checkpoint
 from ..models.decoder import EMBEDDING, linear_weight_shape
+from .weights import embedding_format
 
 _HEADROOM = 512 << 20  # run-state buffers, the Python process, a tensor being converted
 # What to suggest, smallest first: formats that run everywhere and keep quality.
@@ -46,7 +47,8 @@ def resident_weight_bytes(checkpoint: Checkpoint, formats: dict[str, str]) -> in
     """Bytes of the weights once packed: every linear weight in its format (a tied lm_head in
     the table's own format shares it), the embedding table as stored, the norms."""
     args = checkpoint.args
-    emb_format = float_format(checkpoint.stored_dtype(EMBEDDING))
+    emb_format = embedding_format(checkpoint, formats) or \
+        float_format(checkpoint.stored_dtype(EMBEDDING))
     total = packed_nbytes((args.vocab_size, args.hidden_size), emb_format)
     for name, fmt in formats.items():
         tied = name == "lm_head.weight" and name not in checkpoint.tensors

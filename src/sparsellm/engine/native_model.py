@@ -100,7 +100,10 @@ class NativeDecoderModel:
         stored_embed = tensors[EMBEDDING]
         embed_fmt = embed_format or float_format(stored_embed.dtype)
         head = packed.get("lm_head.weight")
-        if "lm_head.weight" not in tensors and head is not None and head.format == embed_fmt:
+        embed = packed.pop(EMBEDDING, None)  # given packed (exact integers), else:
+        if embed is not None:
+            pass
+        elif "lm_head.weight" not in tensors and head is not None and head.format == embed_fmt:
             embed = head
         else:
             embed = pack_from(stored_embed, embed_fmt)
@@ -123,6 +126,7 @@ class NativeDecoderModel:
         with ThreadPoolExecutor(max_workers=self.num_threads) as pool:
             self.packed: dict[str, PackedWeight] = dict(zip(names, pool.map(pack_one, names),
                                                             strict=True))
+        self.embed = embed  # the table token lookups decode rows of
         moved = {id(w): w for w in [*self.packed.values(), embed] if id(w) not in in_place}
         gather(moved.values())
         # What this model converted or was given fresh (not views of the caller's memory or of

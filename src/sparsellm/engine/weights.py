@@ -100,15 +100,30 @@ def native_sources(checkpoint: Checkpoint, formats: dict[str, str]) -> LazyTenso
 
 def embedding_format(checkpoint: Checkpoint, formats: dict[str, str]) -> str | None:
     """The packed format token lookups decode the embedding table from, or None for the
-    table's stored float values. A table the checkpoint stores quantized (a GGUF Q8_0
-    token_embd) and ties to an integer lm_head is looked up in the head's packed rows: one copy
-    of what is often the model's largest tensor (Gemma 3 270M: 168M of 268M weights), not an
-    fp32 one beside it."""
-    head = formats.get("lm_head.weight")
-    if EMBEDDING not in checkpoint.weight_formats or "lm_head.weight" in checkpoint.tensors or \
-            head is None or parse_format(head).is_float:
+    table's stored float values. A table the checkpoint stores quantized (a GGUF Q8_0 or Q4_K
+    token_embd) stays quantized, never held as fp32 (TinyLlama's: 262 MB in fp32, 39 MB as
+    q4_k): tied to an integer lm_head, it is looked up in the head's packed rows (one copy of
+    what is often the model's largest tensor: Gemma 3 270M's 168M of 268M weights); untied, in
+    its declared format's own packed rows."""
+    declared = checkpoint.weight_formats.get(EMBEDDING)
+    if declared is None or declared.bits == 32:
         return None
-    return head
+    head = formats.get("lm_head.weight")
+    if head is None or parse_format(head).is_float:  # (weights="fp32": the file's values)
+        return None
+    return runnable(declared).name if "lm_head.weight" in checkpoint.tensors else head
+
+
+def embedding_packed(checkpoint: Checkpoint, formats: dict[str, str]) -> PackedWeight | None:
+    """An untied embedding table in embedding_format from its exact integers (a GGUF Q4_K
+    token_embd), which packing its float values would requantize; None otherwise (packed from
+    the values, or the tied head's rows)."""
+    fmt = embedding_format(checkpoint, formats)
+    qt = checkpoint.quantized.get(EMBEDDING)
+    if fmt is None or qt is None or "lm_head.weight" not in checkpoint.tensors or \
+            qt.format.name != fmt:
+        return None
+    return pack_quantized(qt.q, qt.scale, fmt, qt.zero_point, qt.mask)
 
 
 def _stored_as(checkpoint: Checkpoint, name: str) -> str:
@@ -150,6 +165,10 @@ def reference_tensors(
         if fmt != "fp32" and name not in packed:  # a tied lm_head packs the embedding
             packed[name] = pack(tensors[name if name in tensors else EMBEDDING], fmt)
     out = with_dequantized(tensors, packed)
-    if embedding_format(checkpoint, formats) is not None:
+    fmt = embedding_format(checkpoint, formats)
+    if fmt is not None and "lm_head.weight" in checkpoint.tensors:  # its own packed rows
+        embed = embedding_packed(checkpoint, formats) or pack(tensors[EMBEDDING], fmt)
+        out[EMBEDDING] = with_dequantized({}, {EMBEDDING: embed})[EMBEDDING]
+    elif fmt is not None:
         out[EMBEDDING] = out["lm_head.weight"]  # lookups decode the tied head's packed rows
     return out
