@@ -6,6 +6,8 @@
         [--openvino-python /tmp/ovenv/bin/python]
     python benchmarks/peers.py --shape smollm2-135m --pairs fp32 sparse_fp32 --peers deepsparse \
         --deepsparse-python /tmp/dsvenv/bin/python
+    python benchmarks/peers.py --shape llama-2-7b --pairs int8_a8 int4_g32 --peers ik_llama \
+        --ik-dir /tmp/ik --decode-only
 
 Per format pair (ours vs llama.cpp's: bf16 vs BF16, int8 and int8_a8 vs Q8_0, int4_g32 and
 int4_g32_a8 vs Q4_0 (which quantizes activations to int8 blocks, as int4_g32_a8 does per
@@ -90,6 +92,7 @@ COMMON = f"PROMPT, TTFT_PROMPT, DECODE, DECODE_PROMPT = {PROMPT}, {TTFT_PROMPT},
 import json, sys, time
 import numpy as np
 kind, path, weights, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+DECODE_ONLY = sys.argv[5] == "1"  # --decode-only: no prompt timings (7B: each pp512 takes minutes)
 rng = np.random.default_rng(0)
 def prompt(n):
     return [int(t) for t in rng.integers(100, 40000, n)]
@@ -98,13 +101,12 @@ def peak_gb():  # this process's high-water RSS (getrusage's maxrss keeps the pa
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1e6
 def report(runner):
-    runner.first(prompt(TTFT_PROMPT))  # warm up (pages mapped, threads started) on a prompt's path
-    ttft = []
-    for _ in range(2):
+    runner.first(prompt(DECODE_PROMPT if DECODE_ONLY else TTFT_PROMPT))  # warm up (pages
+    ttft, prefill = [], []                                # mapped, threads started)
+    for _ in range(0 if DECODE_ONLY else 2):
         ids = prompt(TTFT_PROMPT)
         t = time.perf_counter(); runner.first(ids); ttft.append(time.perf_counter() - t)
-    prefill = []
-    for _ in range(2):
+    for _ in range(0 if DECODE_ONLY else 2):
         ids = prompt(PROMPT)
         t = time.perf_counter(); runner.first(ids); prefill.append(time.perf_counter() - t)
     decode = []
@@ -114,8 +116,9 @@ def report(runner):
         for _ in range(DECODE):
             token = runner.next(token)
         decode.append(time.perf_counter() - t)
-    print(json.dumps({"decode_tok_s": DECODE / min(decode), "prefill_tok_s": PROMPT / min(prefill),
-                      "ttft_s": min(ttft), "peak_gb": peak_gb()}))
+    print(json.dumps({"decode_tok_s": DECODE / min(decode),
+                      "prefill_tok_s": PROMPT / min(prefill) if prefill else None,
+                      "ttft_s": min(ttft) if ttft else None, "peak_gb": peak_gb()}))
 """
 
 CHILDREN = {
@@ -170,16 +173,17 @@ print(json.dumps({"decode_tok_s": 1 / tpot, "prefill_tok_s": PROMPT / prefill, "
     # (after its warm-up run); the peak RSS is llama-bench's, this process's only child.
     "ik_llama": COMMON + r"""
 import os, resource, subprocess
-bench = os.path.join(sys.argv[5], "build", "bin", "llama-bench")
+bench = os.path.join(sys.argv[6], "build", "bin", "llama-bench")
+prompts = "0" if DECODE_ONLY else f"{TTFT_PROMPT},{PROMPT}"
 proc = subprocess.Popen([bench, "-m", path, "-t", str(threads), "-rtr", "1", "-fa", "1", "-r", "2",
-                         "-p", f"{TTFT_PROMPT},{PROMPT}", "-n", str(DECODE), "-o", "json"],
+                         "-p", prompts, "-n", str(DECODE), "-o", "json"],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 out, err = proc.communicate()
 if proc.returncode:
     sys.exit(f"llama-bench failed: {err.strip().splitlines()[-1:]}")
 best = {(t["n_prompt"], t["n_gen"]): max(t["samples_ts"]) for t in json.loads(out)}
-print(json.dumps({"decode_tok_s": best[0, DECODE], "prefill_tok_s": best[PROMPT, 0],
-                  "ttft_s": TTFT_PROMPT / best[TTFT_PROMPT, 0],
+print(json.dumps({"decode_tok_s": best[0, DECODE], "prefill_tok_s": best.get((PROMPT, 0)),
+                  "ttft_s": TTFT_PROMPT / best[TTFT_PROMPT, 0] if not DECODE_ONLY else None,
                   "peak_gb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6}))
 """,
     "deepsparse": COMMON + r"""
@@ -219,10 +223,10 @@ print(json.dumps({"decode_tok_s": 1 / tpot, "prefill_tok_s": PROMPT / prefill, "
 }
 
 
-def measure(python: str, kind: str, path: Path, weights: str, threads: int,
+def measure(python: str, kind: str, path: Path, weights: str, threads: int, decode_only: bool,
             *extra: str) -> dict:
     out = subprocess.run([python, "-c", CHILDREN[kind], kind, str(path), weights, str(threads),
-                          *extra], capture_output=True, text=True)
+                          str(int(decode_only)), *extra], capture_output=True, text=True)
     if out.returncode:
         lines = out.stderr.strip().splitlines() or ["(no output)"]
         raise SystemExit(f"{kind} {weights} on {path} failed: {lines[-1]}")
@@ -333,7 +337,12 @@ def main() -> None:
                    help="the Python that has deepsparse and sparseml (a venv of its own)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--decode-only", action="store_true",
+                   help="time decode alone (7B: a 512-token prompt takes minutes per run); "
+                        "ours, llama-cpp-python and ik_llama.cpp")
     args = p.parse_args()
+    if args.decode_only and {"openvino", "openvino-f32", "deepsparse"} & set(args.peers):
+        p.error("--decode-only times ours, llamacpp and ik_llama")
     if "ik_llama" in args.peers and not (args.ik_dir and
                                          (args.ik_dir / "build/bin/llama-bench").exists()):
         p.error("--peers ik_llama needs --ik-dir DIR with DIR/build/bin/llama-bench "
@@ -352,14 +361,16 @@ def main() -> None:
             python = {"openvino": args.openvino_python,
                       "deepsparse": args.deepsparse_python}.get(kind, sys.executable)
             extra = [str(args.ik_dir)] if kind == "ik_llama" else []
-            results[key].append(measure(python, kind, path, weights, args.threads, *extra))
+            results[key].append(measure(python, kind, path, weights, args.threads,
+                                        args.decode_only, *extra))
             print(f"round {r + 1}: {key[0]} {weights}: {results[key][-1]}", file=sys.stderr)
     rows = [{"shape": args.shape, "pair": pair, "system": system, "weights": runs[system, pair][1],
              **{field: median(results[system, pair], field) for field in FIELDS},
              "rounds": results[system, pair]}
             for system, pair in runs]
     path = write_record("peers", rows, argv=sys.argv, threads=args.threads, machine_info=where,
-                        extra={"rounds": args.rounds, "shape": args.shape})
+                        extra={"rounds": args.rounds, "shape": args.shape,
+                               "decode_only": args.decode_only})
     record = json.loads(path.read_text())  # the table docs/benchmarks.md renders from it
     print(f"\n{args.shape}, {render.where(record)}, medians of {args.rounds} interleaved rounds "
           "(fresh process each)\n")
