@@ -27,8 +27,11 @@ class _Cache:
 class ScriptedEngine:
     """Engine stand-in whose logits make greedy decoding emit `script`, token by token."""
 
-    def __init__(self, script, vocab_size, sequence_length=64, max_sequences=4):
+    def __init__(self, script, vocab_size, sequence_length=64, max_sequences=4,
+                 prompt_chunk=512):
         self.script, self.vocab_size, self.sequence_length = script, vocab_size, sequence_length
+        self.prompt_chunk = prompt_chunk
+        self.calls = []  # ("prefill", seq) / ("decode", seqs), in order
         self.cache = _Cache(max_sequences)
         self.lengths, self.fed = {}, {}
         self.next_slot = 0
@@ -51,6 +54,7 @@ class ScriptedEngine:
         return row
 
     def prefill(self, seq, tokens, all_logits=False):
+        self.calls.append(("prefill", seq))
         if self.lengths[seq]:  # feeding a generated token (the last one, for return_logits)
             self.fed[seq] += len(tokens)
         self.lengths[seq] += len(tokens)
@@ -58,6 +62,7 @@ class ScriptedEngine:
         return rows
 
     def decode_step(self, seqs, tokens):
+        self.calls.append(("decode", tuple(seqs)))
         out = []
         for s, t in zip(seqs, tokens, strict=True):
             assert t == self.script[min(self.fed[s], len(self.script) - 1)]
@@ -153,6 +158,45 @@ def test_cancel_frees_the_slot(tok):
     while gen.has_work:
         gen.step()
     assert b.finished_reason == "length"
+
+
+def test_each_first_token_is_streamed_when_its_own_prompt_is_done(tok):
+    """Requests admitted together: the first one's token reaches its stream before the second
+    prompt's prefill runs, not after every admitted prompt."""
+    engine = ScriptedEngine(tok.encode("a b c", False), len(tok))
+    gen = BatchGenerator(engine, tok)
+    for prompt in ("x", "y", "z"):
+        gen.add(GenerationRequest(tok.encode(prompt), GenerationConfig(max_generated_tokens=2),
+                                  on_event=lambda e: engine.calls.append(("event", e.request))))
+    gen.step()
+    kinds = [c[0] for c in engine.calls]
+    assert kinds == ["prefill", "event"] * 3
+
+
+def test_prompts_join_decoding_streams_one_chunk_of_tokens_per_step(tok):
+    """While a stream decodes, a step admits prompts up to prompt_chunk tokens (at least one),
+    so the stream's next token waits about one chunk; with nothing decoding, all are admitted."""
+    long = [tok.encode("one two three four five six seven eight nine ten")] * 3
+    chunk = len(long[0]) * 3 // 2  # one prompt fits in a chunk, two do not
+    engine = ScriptedEngine(tok.encode("a b c d e f g h", False), len(tok), sequence_length=512,
+                            max_sequences=8, prompt_chunk=chunk)
+    gen = BatchGenerator(engine, tok)
+    cfg = GenerationConfig(max_generated_tokens=6)
+    gen.add(GenerationRequest(tok.encode("first"), cfg))
+    gen.step()  # nothing was decoding: admitted
+    for ids in long:
+        gen.add(GenerationRequest(ids, cfg))
+    gen.step()  # one decode, then one prompt: a second would pass the chunk
+    assert len(gen.waiting) == 2 and [c[0] for c in engine.calls[-2:]] == ["decode", "prefill"]
+    gen.step()
+    assert len(gen.waiting) == 1
+    idle = ScriptedEngine(tok.encode("a b", False), len(tok), max_sequences=8,
+                          prompt_chunk=chunk, sequence_length=512)
+    burst = BatchGenerator(idle, tok)
+    for ids in long:
+        burst.add(GenerationRequest(ids, cfg))
+    burst.step()
+    assert not burst.waiting  # nothing decoding: every prompt that has a slot
 
 
 # ---- the tiny real model ------------------------------------------------------------------------

@@ -156,14 +156,30 @@ class BatchGenerator:
 
     # ---- stepping -------------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        """Admit waiting requests (prefill + first token), then one batched decode step."""
+        """One batched decode step of the decoding sequences, then admit waiting requests
+        (prefill + first token), first come first served.
+
+        Each event goes to its request's `on_event` as soon as it exists: a stream's first token
+        leaves when its own prompt is done, not when every prompt admitted with it is. While
+        sequences are decoding, a step admits prompts up to `engine.prompt_chunk` tokens (at
+        least one prompt), so they wait at most about one chunk's prefill for their next
+        token, and a burst of prompts is admitted over a few steps (llama-server's batch of
+        prompt tokens is the same size); with nothing decoding, every waiting prompt that has a
+        free slot is admitted at once. Returns the step's events."""
         events: list[TokenEvent] = []
+
+        def emit(event: TokenEvent) -> None:
+            events.append(event)
+            if event.request.on_event:
+                event.request.on_event(event)
+
         decoding = [r for r, live in self.active.items() if live.next_token is not None]
         speculated = None
         if decoding and self.speculator is not None and self.speculator.drafts(decoding):
             speculated = self._speculative_step(decoding)
         if speculated is not None:
-            events += speculated
+            for event in speculated:
+                emit(event)
         elif decoding:
             began = time.perf_counter()
             tokens = [self.active[r].next_token for r in decoding]
@@ -171,20 +187,23 @@ class BatchGenerator:
             if self.speculator is not None:  # (before _advance may finish and release some)
                 self.speculator.decoded_plainly(decoding, time.perf_counter() - began)
             for r, row in zip(decoding, logits, strict=True):
-                events.append(self._advance(r, row))
+                emit(self._advance(r, row))
+        budget = self.engine.prompt_chunk if decoding else None  # prompt tokens this step
+        admitted = 0
         while self.waiting and self.engine.cache.num_free:
+            if budget is not None and admitted and \
+                    admitted + len(self.waiting[0].prompt_ids) > budget:
+                break
             r = self.waiting.popleft()
+            admitted += len(r.prompt_ids)
             r.slot = self.engine.add_sequence()
             self.active[r] = _Live(r, self.tokenizer)
             if not r.generate:
-                events.append(self._score_only(r))
+                emit(self._score_only(r))
                 continue
             if self.speculator is not None:
                 self.speculator.start(r, r.prompt_ids)
-            events.append(self._advance(r, self._prefill(r, r.prompt_ids)))
-        for event in events:
-            if event.request.on_event:
-                event.request.on_event(event)
+            emit(self._advance(r, self._prefill(r, r.prompt_ids)))
         return events
 
     def _score_only(self, r: GenerationRequest) -> TokenEvent:
