@@ -20,6 +20,7 @@ a field the `Engine` takes needs no use elsewhere (`engine=True`).
 from __future__ import annotations
 
 import argparse
+import functools
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -129,7 +130,7 @@ class EngineSettings:
             value, meta = getattr(self, f.name), f.metadata
             if value is None or not meta:
                 continue
-            if isinstance(f.default, bool) and not isinstance(value, bool):
+            if _kinds(type(self))[f.name] is bool and not isinstance(value, bool):
                 raise ValueError(f"{f.name} must be True or False, got {value!r}")
             if meta["minimum"] is not None:
                 if isinstance(value, bool) or not isinstance(value, int):
@@ -204,11 +205,10 @@ class EngineSettings:
         command sets its own `defaults`; `helps` and `flags` replace a field's help or
         option strings for one command."""
         defaults, helps, flags = defaults or {}, helps or {}, flags or {}
-        hints = typing.get_type_hints(cls)
         for f in cls.flag_fields(names, group):
             if f.name in exclude:
                 continue
-            meta, kind = f.metadata, _kind(hints[f.name])
+            meta, kind = f.metadata, _kinds(cls)[f.name]
             default = defaults.get(f.name)
             options = list(flags.get(f.name, _flags(f)))
             kwargs: dict[str, Any] = dict(dest=_dest(f), default=default)
@@ -260,12 +260,16 @@ def _dest(f: Field) -> str:
     return next(o for o in _flags(f) if o.startswith("--"))[2:].replace("-", "_")
 
 
-def _kind(hint: Any) -> type:
-    """bool, int or str: how a flag parses its value."""
-    members = typing.get_args(hint) or (hint,)
-    if bool in members and str not in members:
-        return bool
-    return int if int in members else str
+@functools.cache
+def _kinds(cls: type) -> dict[str, type]:
+    """Each field's kind, from its type: bool (a flag that takes no value; True or False
+    only), int, or str (anything else: paths, names)."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        members = typing.get_args(hint) or (hint,)
+        out[name] = bool if bool in members and str not in members else \
+            int if int in members else str
+    return out
 
 
 def _default_text(default: Any) -> str:
