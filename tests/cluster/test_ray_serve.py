@@ -20,7 +20,8 @@ from sparsellm.server.local import LocalServer
 openai = pytest.importorskip("openai")
 serve = pytest.importorskip("ray.serve")
 
-from sparsellm.cluster.serve import app, merge_metrics  # noqa: E402
+from sparsellm.cluster.serve import app, merge_metrics, server_config  # noqa: E402
+from sparsellm.engine import EngineSettings  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Ray instance, replicas and workers to start
 
@@ -188,6 +189,18 @@ def test_builder_arguments_are_checked_as_the_cli_checks_them(args, message):
     with pytest.raises(ValueError) as e:
         app(args)
     assert message in str(e.value)
+
+
+def test_builder_arguments_reach_the_engine_settings():
+    """The engine settings' flags as Serve arguments, named as the CLI's (draft_model for
+    --draft-model); weights_cache false is --no-weights-cache, not a folder called False."""
+    config = server_config({"model": "m", "draft_model": "auto", "weights_cache": False,
+                            "prompt_lookup": "true", "num_speculative_tokens": "3"})
+    assert config.endpoints[0].settings == EngineSettings(
+        model_path="m", draft_model_path="auto", weights_cache=False, prompt_lookup=True,
+        num_speculative_tokens=3)
+    assert server_config({"model": "m", "weights_cache": "/tmp/c"}).endpoints[0] \
+        .settings.weights_cache == "/tmp/c"
 
 
 def test_merged_metrics_keep_each_family_together():

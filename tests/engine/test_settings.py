@@ -93,8 +93,8 @@ def test_flags_keep_their_names_and_renames():
         draft_model_path="auto", weights_cache=False, kv_cache_dtype="int8", prompt_lookup=True,
         adaptive_speculation=False, num_speculative_tokens=6, weights="int8_a8")
     assert EngineSettings.given(parser.parse_args([])) == {}  # unset flags are left out
-    assert EngineSettings.given(parser.parse_args(["--weights-cache", "/tmp/c"])) == \
-        {"weights_cache": "/tmp/c"}
+    assert EngineSettings.from_args(parser.parse_args(["--weights-cache", "/tmp/c"])) == \
+        EngineSettings(weights_cache="/tmp/c")  # a folder, though the default is True
     assert EngineSettings.flag("draft_model_path") == "--draft-model"
     # choices come from the registries
     kv = next(a for a in parser._actions if a.dest == "kv_cache_dtype")

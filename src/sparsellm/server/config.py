@@ -7,7 +7,10 @@
         name: text-generation
         kwargs: {sequence_length: 256, max_generated_tokens: 32}
 
-Model paths come only from here (the command line or the config file), never from a request.
+An endpoint's kwargs are engine settings (`EngineSettings` fields, checked by type and by the
+settings' own checks into `EndpointConfig.settings`) and generation defaults (`GenerationConfig`
+fields). Model paths come only from here (the command line or the config file), never from a
+request.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ NOT_KWARGS = {"model_path"}  # an endpoint's `model`, not one of its kwargs
 
 @functools.cache
 def settings_model(settings: type[EngineSettings]) -> type[BaseModel]:
-    """The strict pydantic model of an endpoint's engine kwargs, made from the fields of
-    `settings` (EngineSettings or a subclass): their types and defaults, no other key."""
+    """The pydantic model of an endpoint's engine kwargs, made from the fields of `settings`
+    (EngineSettings or a subclass): their types and defaults, no other key."""
     hints = typing.get_type_hints(settings)
     return create_model(
         f"{settings.__name__}Kwargs",
