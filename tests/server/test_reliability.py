@@ -20,15 +20,19 @@ MSGS = [{"role": "user", "content": "hi"}]
 LONG = {"prompt": "def f(x):", "max_tokens": 1900, "temperature": 0, "ignore_eos": True,
         "stream": True}
 
-# Runs the real CLI with one test-only change: a request whose stop strings include "FAULT"
-# makes the engine step fail after a few tokens (an error after the stream started).
+# Runs the real CLI with test-only changes: a request whose stop strings include "FAULT"
+# makes the engine step fail after a few tokens (an error after the stream started); one with
+# "SLOW" takes 50 ms a token (it holds its batch slot for a known time).
 FAULT_ENTRY = '''
 import sys
+import time
 from sparsellm.generation import generator as g
 _advance = g.BatchGenerator._advance
 def advance(self, r, logits):
     if "FAULT" in r.config.stop and len(r.output_ids) >= 3:
         raise RuntimeError("injected failure in /secret/path/engine.py")
+    if "SLOW" in r.config.stop:
+        time.sleep(0.05)
     return _advance(self, r, logits)
 g.BatchGenerator._advance = advance
 from sparsellm.cli import main
@@ -76,6 +80,27 @@ def test_disconnect_cancels_generation(server):
     tokens = metric(server.metrics(), "sparsellm_generated_tokens_total.*")
     time.sleep(0.3)
     assert metric(server.metrics(), "sparsellm_generated_tokens_total.*") == tokens
+
+
+def test_request_abandoned_while_waiting_is_499_not_500(guarded):
+    """A non-streamed request whose client leaves while it waits for the batch slot ends in a
+    499 (read by no one), not in a 500 from an answer built from a prompt never scored (found
+    by the soak run, `python -m sparsellm.server.soak`)."""
+    score = {"prompt": "import os\nimport sys\n", "max_tokens": 0, "echo": True, "logprobs": 1}
+    closed = r'sparsellm_requests_total\{method="POST",route="/v1/completions",status="499"\}'
+    failed = r'sparsellm_requests_total\{.*status="500"\}'
+    before = guarded.metrics()
+    unhandled = guarded.output().count("unhandled error")
+    slow = {"prompt": "def f(x):", "max_tokens": 100, "ignore_eos": True, "stop": ["SLOW"],
+            "stream": True}  # holds the one batch slot for ~5 s
+    with guarded.client() as c, c.stream("POST", "/v1/completions", json=slow) as r:
+        events = sse_events(r.iter_lines())  # (kept: closing it would close the stream)
+        next(events)
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/completions", json=score, timeout=1.0)  # waits in the queue, then leaves
+    assert wait_for(lambda: metric(guarded.metrics(), closed) > metric(before, closed), 10)
+    assert metric(guarded.metrics(), failed) == metric(before, failed)
+    assert guarded.output().count("unhandled error") == unhandled
 
 
 def test_api_key_required(guarded):

@@ -26,6 +26,7 @@ from .provider import Endpoint, ServedModel
 from .scheduler import QueueFull, StreamEvent, Submission
 
 log = logging.getLogger("sparsellm.server")
+CLIENT_CLOSED = 499  # nginx's status for a request whose client went away first
 OPENAI_FINISH = {"stop": "stop", "length": "length", "capacity": "length", "cancelled": "stop"}
 
 
@@ -129,7 +130,10 @@ class ServerState:
     async def collect(self, request: Request, served: ServedModel,
                       submission: Submission) -> list[GenerationRequest]:
         """Wait until every request has finished (its text, tokens and logprobs are then on
-        it); cancel the generation if the client disconnects first."""
+        it); if the client disconnects first, cancel the generation and end the handler with
+        a 499 (nginx's "client closed request", sent to no one, counted in /metrics): an
+        answer built from unfinished requests could fail (a prompt not yet scored) and log a
+        500 for a request nobody is waiting for."""
 
         async def gather() -> None:
             async for _, event in submission.events():
@@ -146,8 +150,10 @@ class ServerState:
                 task.cancel()
                 served.scheduler.cancel(submission)
                 self.metrics.add_disconnect()
-        if task.done() and not task.cancelled():
-            task.result()  # re-raise a generation error
+        if not task.done() or task.cancelled():
+            raise APIError(CLIENT_CLOSED, "the client closed the request before its answer",
+                           code="client_closed_request")
+        task.result()  # re-raise a generation error
         return list(submission.requests)
 
     def stream(self, served: ServedModel, submission: Submission,
