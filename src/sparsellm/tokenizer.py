@@ -109,7 +109,8 @@ class Tokenizer:
             tok.decoder = decoders.ByteLevel()
         elif kind == "llama":
             scores = list(meta.get("tokenizer.ggml.scores", [0.0] * len(tokens)))
-            unk = tokens[unk_id] if unk_id is not None else None
+            # An id past the vocabulary names no token (llama.cpp ignores it too)
+            unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
             tok = _HFTokenizer(
                 models.BPE(vocab, _merges_from_scores(tokens, scores, types), unk_token=unk,
                            byte_fallback=True, fuse_unk=True)

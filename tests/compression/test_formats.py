@@ -4,6 +4,7 @@ llm-compressor style checkpoints, and atomic writes."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -298,6 +299,90 @@ def test_unsupported_formats_are_clear(tiny_model, tmp_path):
         "sparsity_config": {"format": "marlin-24"}}}, dict(load_checkpoint(tiny_model).tensors))
     with pytest.raises(ValueError, match="sparsity format 'marlin-24' is not supported"):
         load_checkpoint(tmp_path / "b")
+
+
+# ---- found by tests/models/test_damaged_compressed.py (issue 55 item 2) ----------------------
+ASYM_INT4 = "model.layers.0.mlp.up_proj.weight"
+FLOAT_24 = "model.layers.1.mlp.down_proj.weight"
+
+
+@pytest.fixture
+def int4_and_24_folder(tiny_model, tmp_path) -> Path:
+    """int4 groups with zero points (packed as compressed-tensors packs them) and a 2:4-pruned
+    float weight (stored densely)."""
+    ckpt = load_checkpoint(tiny_model)
+    model = CompressedModel(ckpt, dict(ckpt.tensors))
+    qt = model.quantized[ASYM_INT4] = rtn_quantize(
+        ckpt.tensors[ASYM_INT4], WeightFormat(bits=4, group_size=32, symmetric=False))
+    model.tensors[ASYM_INT4], model.formats[ASYM_INT4] = qt.dequantize(), qt.format
+    assert qt.q.min() < 0  # signed, as compressed-tensors stores them
+    w, keep = magnitude_prune(ckpt.tensors[FLOAT_24], 0.0, 2, 4)
+    model.tensors[FLOAT_24], model.masks[FLOAT_24] = w, keep
+    model.formats[FLOAT_24] = WeightFormat(sparsity="2:4")
+    return save_compressed(model, tmp_path / "out")
+
+
+def test_asymmetric_int4_and_2_4_float_weights_run_natively(int4_and_24_folder):
+    """The kernels' int4 nibbles hold [0, 15]: the signed integers are offset by 8 with their
+    zero points (was "int4_g32_asym: q must be in [0, 15]"); a 2:4 float weight, which has no
+    2:4 kernel, runs as the bitmask it also is (was "unknown weight format '2:4_fp32'")."""
+    from sparsellm.engine import Engine
+
+    native = Engine(int4_and_24_folder, sequence_length=16, weights_cache=False,
+                    dynamic_int8=False)  # fp32 activations, as the reference
+    reference = Engine(int4_and_24_folder, sequence_length=16, backend="numpy")
+    assert native.formats[ASYM_INT4] == "int4_g32_asym"
+    assert native.formats[FLOAT_24] == "sparse_fp32"
+    ids = [1, 5, 9, 2, 7]
+    got = native.prefill(native.add_sequence(), ids)
+    want = reference.prefill(reference.add_sequence(), ids)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_weight_shape_that_disagrees_with_its_parts_is_refused(int4_and_24_folder):
+    """A weight_shape whose columns do not fill the packed words was decoded to a shorter
+    weight and failed later as a NumPy reshape error."""
+    path = int4_and_24_folder / "model.safetensors"
+    stored = read_safetensors(path)
+    name = ASYM_INT4[:-len("weight")] + "weight_shape"
+    stored[name] = stored[name] - np.array([0, 8])
+    write_safetensors(path, stored)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: tensor {ASYM_INT4}_packed "
+                                         r"is int32 of shape "
+                                         r"\(128, 8\); 4-bit values of a \(128, 56\) weight pack "
+                                         r"into int32 of shape \(128, 7\)$"):
+        load_checkpoint(int4_and_24_folder)
+
+
+@pytest.mark.parametrize("edit, message", [
+    # was a TypeError (int(None)), an AttributeError ('int'.startswith), re.error or a silent
+    # truthiness ("no" is true)
+    ({"num_bits": None}, r"config_groups.g.weights.num_bits is None; "
+     r"supported: 4, 8"),
+    ({"num_bits": 3}, r"config_groups.g.weights.num_bits is 3; supported: 4, 8"),
+    ({"symmetric": "no"}, r"config_groups.g.weights.symmetric is 'no'; expected true or false"),
+    ({"strategy": "group", "group_size": 0}, r"config_groups.g.weights.group_size is 0; "
+     r"expected a positive integer or null"),
+    ({"targets": [3]}, r"config_groups.g.targets is \[3\]; expected a list of module names"),
+    ({"targets": ["re:("]}, r"config_groups.g.targets is \['re:\('\]; 're:\(' is not a regular "
+     r"expression"),
+])
+def test_compression_config_errors_name_config_json_and_the_key(tiny_model, tmp_path, edit,
+                                                                message):
+    ckpt = load_checkpoint(tiny_model)
+    tensors = dict(ckpt.tensors)
+    name = "model.layers.1.mlp.down_proj.weight"
+    qt = rtn_quantize(tensors.pop(name), WeightFormat(bits=8))
+    tensors[name], tensors[name[:-7] + ".weight_scale"] = qt.q, qt.scale
+    group = {"targets": ["re:.*down_proj$"], "weights": {"num_bits": 8}}
+    for key, value in edit.items():
+        (group if key == "targets" else group["weights"])[key] = value
+    _write_folder(tmp_path / "m", tiny_model, {"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "int-quantized",
+        "config_groups": {"g": group}}}, tensors)
+    config = re.escape(str(tmp_path / "m" / "config.json"))
+    with pytest.raises(ValueError, match=rf"^{config}: quantization_config.{message}"):
+        load_checkpoint(tmp_path / "m")
 
 
 def test_interrupted_write_leaves_nothing(tiny_model, tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,31 @@ def test_recipe_from_file(tmp_path, seed_recipe):
     assert len(parse_recipe(str(path)).modifiers) == 2
     with pytest.raises(FileNotFoundError, match="does not exist"):
         parse_recipe(str(tmp_path / "missing.yaml"))
+
+
+@pytest.mark.parametrize("data, match", [
+    (b"SparseGPTModifier: {sparsity: 1.5}", r"sparsity: Input should be less than 1"),
+    (b"SparseGPTModifier: {sparsity: 0.5, 7: 1}", r"setting names are strings; got 7"),
+    (b"SparseGPTModifier: {sparsity: 0.5\xff}", r"not UTF-8 text \(at byte 33\)"),
+    (b"SparseGPTModifier: [", r"recipe is not valid YAML"),
+])
+def test_recipe_file_errors_name_the_file(tmp_path, data, match):
+    """(A setting name that is not a string was a TypeError from the modifier's constructor,
+    bytes that are not UTF-8 a UnicodeDecodeError; neither named the file.)"""
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(data)
+    with pytest.raises(RecipeError, match=f"^{re.escape(str(path))}: .*{match}"):
+        parse_recipe(path)
+
+
+@pytest.mark.parametrize("targets", ["targets: ['re:(']", "targets: [Linear], ignore: ['re:[']"])
+def test_plan_refuses_a_target_that_is_not_a_regular_expression(tmp_path, targets):
+    """(It was re.error from the plan, which named neither the recipe nor the target.)"""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"SparseGPTModifier: {{sparsity: 0.5, {targets}}}\n")
+    with pytest.raises(RecipeError, match=rf"^{re.escape(str(path))}: SparseGPTModifier: "
+                                          r"'re:[(\[]' is not a regular expression"):
+        build_plan(parse_recipe(path), MODULES)
 
 
 @pytest.mark.parametrize("text,match", [

@@ -97,7 +97,7 @@ def resolve_targets(
     targets = [targets] if isinstance(targets, str) else list(targets)
     selected: dict[str, int] = {}
     for t in targets:
-        found, spec = match_target(t, modules)
+        found, spec = _match(t, modules, where)
         if not found:
             if _NON_WEIGHT.match(t):
                 notes.append(f"{where}: target {t!r} holds no weights; nothing to compress")
@@ -109,7 +109,7 @@ def resolve_targets(
         for m in found:
             selected[m.name] = max(spec, selected.get(m.name, -1))
     for ig in ignore:
-        found, _ = match_target(ig, modules)
+        found, _ = _match(ig, modules, where)
         # Ignoring what holds no weights (LlamaRotaryEmbedding, ...) or a tied lm_head (not a
         # tensor of its own) is what the recipes people share do; only a miss is worth a note.
         quiet = _NON_WEIGHT.match(ig) or (tied_embeddings and ig in ("lm_head", "re:.*lm_head"))
@@ -118,6 +118,15 @@ def resolve_targets(
         for m in found:
             selected.pop(m.name, None)
     return selected
+
+
+def _match(target: str, modules: Sequence[WeightModule],
+           where: str) -> tuple[list[WeightModule], int]:
+    """match_target, with a pattern that does not compile a RecipeError naming it."""
+    try:
+        return match_target(target, modules)
+    except re.error as e:
+        raise RecipeError(f"{where}: {target!r} is not a regular expression ({e})") from None
 
 
 @dataclass

@@ -42,6 +42,7 @@ from .plan import (
 class Recipe:
     modifiers: list[tuple[str, Modifier]]  # (where it was defined, modifier)
     source: str | None = None  # the YAML as given, saved verbatim as recipe.yaml
+    path: Path | None = None  # the file it was read from: errors name it
 
     def to_yaml(self) -> str:
         """The recipe as given, or one oneshot stage holding the modifier objects."""
@@ -74,25 +75,47 @@ def parse_recipe(recipe: str | Path | dict | BaseModel | Sequence[BaseModel] | R
         return Recipe(mods)
     if isinstance(recipe, Path) or (isinstance(recipe, str) and "\n" not in recipe
                                     and recipe.strip().endswith((".yaml", ".yml"))):
-        path = Path(recipe).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"recipe file {str(recipe)!r} does not exist")
-        recipe = path.read_text()
-    source = None
+        return _parse_file(Path(recipe).expanduser())
     if isinstance(recipe, str):
-        source = recipe if recipe.endswith("\n") else recipe + "\n"
-        try:
-            recipe = yaml.safe_load(recipe)
-        except yaml.YAMLError as e:
-            raise RecipeError(f"recipe is not valid YAML: {e}") from e
-        if isinstance(recipe, str) and Path(recipe).suffix == "":
-            raise RecipeError(f"recipe {recipe!r} is neither a YAML mapping nor a file")
+        return _parse_text(recipe)
+    return _parse_data(recipe)
+
+
+def _parse_text(text: str) -> Recipe:
+    source = text if text.endswith("\n") else text + "\n"
+    try:
+        recipe = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RecipeError(f"recipe is not valid YAML: {e}") from e
+    if isinstance(recipe, str) and Path(recipe).suffix == "":
+        raise RecipeError(f"recipe {recipe!r} is neither a YAML mapping nor a file")
+    return _parse_data(recipe, source)
+
+
+def _parse_data(recipe: object, source: str | None = None) -> Recipe:
     if not isinstance(recipe, dict):
         raise RecipeError("a recipe must be a mapping of stages (or modifiers), got "
                           f"{type(recipe).__name__}")
     if source is None:
         source = yaml.safe_dump(recipe, sort_keys=False)
     return Recipe(_parse_mapping(recipe), source)
+
+
+def _parse_file(path: Path) -> Recipe:
+    """A recipe file; its errors name it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"recipe file {str(path)!r} does not exist")
+    data = path.read_bytes()
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"{path}: not UTF-8 text (at byte {e.start})") from None
+    try:
+        recipe = _parse_text(text)
+    except RecipeError as e:
+        raise RecipeError(f"{path}: {e}") from None
+    recipe.path = path
+    return recipe
 
 
 def _parse_mapping(data: dict) -> list[tuple[str, Modifier]]:
@@ -143,6 +166,9 @@ def _build(name: str, args: Any, where: str) -> Modifier:
         args = {}
     if not isinstance(args, dict):
         raise RecipeError(f"{where}: settings must be a mapping, got {args!r}")
+    odd = [k for k in args if not isinstance(k, str)]
+    if odd:
+        raise RecipeError(f"{where}: setting names are strings; got {odd[0]!r}")
     try:
         return MODIFIERS[name](**args)
     except ValidationError as e:
@@ -184,7 +210,17 @@ def build_plan(recipe: Recipe, modules: Sequence[WeightModule],
     weight and slot (pruning, quantization) the later step wins unless the earlier one ranks
     higher. Errors name the modifier and key; notes say what a recipe asks for that has no
     effect on this model. Every stage of a recipe runs in the same calibrated one-shot pass,
-    layer by layer."""
+    layer by layer. The errors of a recipe read from a file name it."""
+    try:
+        return _build_plan(recipe, modules, tied_embeddings)
+    except RecipeError as e:
+        if recipe.path is None:
+            raise
+        raise RecipeError(f"{recipe.path}: {e}") from None
+
+
+def _build_plan(recipe: Recipe, modules: Sequence[WeightModule],
+                tied_embeddings: bool) -> Plan:
     notes: list[str] = []
     chosen: dict[tuple[str, str], Planned] = {}
     for where, mod in recipe.modifiers:

@@ -44,7 +44,13 @@ def weight_formats(checkpoint: Checkpoint, weights: str | None = None) -> dict[s
         declared = declared_formats.get(name)
         formats[name] = runnable(declared).name if declared else \
             float_format(checkpoint.stored_dtype(_stored_as(checkpoint, name)))
-        parse_format(formats[name])  # an unsupported declared format fails here, by name
+        try:  # an unsupported declared format fails here, by name
+            parse_format(formats[name])
+        except ValueError as e:
+            files = checkpoint.source_files
+            raise ValueError(f"{files[0] if len(files) == 1 else checkpoint.path}: tensor "
+                             f"{name} is declared {formats[name]}, which the kernels do not "
+                             f"run ({e})") from None
     dense = {name: dense_twin(fmt) for name, fmt in formats.items() if dense_on_this_cpu(fmt)}
     if dense:
         logger.info("%d bitmask int4 weights run as %s: dense int4 is faster on this CPU (%s); "
@@ -76,11 +82,15 @@ def declared_packed(checkpoint: Checkpoint, formats: dict[str, str]) -> dict[str
         stored = qt.format.name  # may be one the kernels do not run ("int8_asym")
         if fmt != stored and not (stored in FORMATS and fmt == dense_twin(stored)):
             continue
+        q, zp = qt.q, qt.zero_point
+        if zp is not None and qt.format.bits == 4 and min(q.min(), zp.min()) < 0:
+            # compressed-tensors' int4 with zero points is signed ([-8, 7], both); the kernels'
+            # nibbles hold [0, 15]: the same differences q - zp, offset by 8
+            q, zp = q + np.int8(8), zp + np.int8(8)
         if parse_format(fmt).sparse or qt.mask is None:
-            packed[name] = pack_quantized(qt.q, qt.scale, fmt, qt.zero_point, qt.mask)
+            packed[name] = pack_quantized(q, qt.scale, fmt, zp, qt.mask)
         else:  # a sparse checkpoint's integers in its dense twin: the pruned ones stored as 0
-            packed[name] = pack_quantized(np.where(qt.mask, qt.q, 0), qt.scale, fmt,
-                                          qt.zero_point)
+            packed[name] = pack_quantized(np.where(qt.mask, q, 0), qt.scale, fmt, zp)
     return packed
 
 
@@ -146,11 +156,14 @@ def _declared(checkpoint: Checkpoint) -> dict[str, WeightFormat]:
 def runnable(fmt: WeightFormat) -> WeightFormat:
     """The nearest format the kernels run: int8 with zero points or group scales is requantized
     symmetrically per channel (the int8 kernels have one scale per row; within one quantization
-    step of the stored values), and int4 per channel is run in groups of 32."""
+    step of the stored values), and int4 per channel is run in groups of 32. A 2:4 mask the
+    kernels have no 2:4 format for (float weights, int4) runs as the bitmask it also is."""
     if fmt.bits == 8 and (not fmt.symmetric or fmt.group_size):
         fmt = replace(fmt, symmetric=True, group_size=None)
     if fmt.bits == 4 and not fmt.group_size:
         fmt = replace(fmt, group_size=32)
+    if fmt.sparsity == "2:4" and fmt.name not in FORMATS:
+        fmt = replace(fmt, sparsity="unstructured")
     return fmt
 
 

@@ -15,7 +15,13 @@ import numpy as np
 
 from ..tokenizer import Tokenizer
 from .architectures import Architecture
-from .decoder import DecoderModel, ModelArgs, layer_weight_names, linear_weight_names
+from .decoder import (
+    DecoderModel,
+    ModelArgs,
+    layer_weight_names,
+    linear_weight_names,
+    tensor_shape,
+)
 from .formats import QuantizedTensor, WeightFormat
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -100,8 +106,24 @@ def pickle_refusal(path: Path) -> str:
     )
 
 
-def check_tensors(tensors: dict[str, np.ndarray], args: ModelArgs, where: str) -> None:
-    """Every tensor the decoder spec needs is there (a clear error instead of a KeyError)."""
+def check_layers(args: ModelArgs, tensor_count: int, where: str) -> None:
+    """A config with more layers than the file has tensors is refused before anything is
+    done per layer (a damaged layer count can be billions)."""
+    if args.num_hidden_layers > tensor_count:
+        raise ValueError(f"{where}: the config has {args.num_hidden_layers} layers, but the "
+                         f"file holds {tensor_count} tensors in all")
+
+
+def check_tensors(tensors: Mapping[str, np.ndarray], args: ModelArgs, where: str,
+                  shapes: Mapping[str, tuple[int, ...]] | None = None,
+                  files: Mapping[str, str] | None = None) -> None:
+    """Every tensor the decoder spec needs is there (a clear error instead of a KeyError), and
+    has the shape the spec gives it (`shapes`: the file's own, read from its header without
+    reading the tensors; default: the arrays' shapes, for tensors held in memory): a file that
+    disagrees with its config is refused here by name (`files`: the file holding each tensor,
+    else `where`), never met later as a NumPy error or an out-of-bounds read of the native
+    kernels."""
+    check_layers(args, len(tensors), where)
     need = ["model.embed_tokens.weight", "model.norm.weight"]
     need += [n for i in range(args.num_hidden_layers) for n in layer_weight_names(args, i)]
     need += ["model.embed_positions.weight"] if args.learned_positions else []
@@ -112,3 +134,10 @@ def check_tensors(tensors: dict[str, np.ndarray], args: ModelArgs, where: str) -
     if missing:
         raise ValueError(f"{where}: missing tensors {missing[:5]} ({len(missing)} in all) for "
                          "this architecture's config")
+    if shapes is None:
+        shapes = {n: t.shape for n, t in tensors.items()} if isinstance(tensors, dict) else {}
+    for name, shape in shapes.items():
+        want = tensor_shape(args, name)
+        if want is not None and tuple(shape) != want:
+            raise ValueError(f"{(files or {}).get(name, where)}: tensor {name} has shape "
+                             f"{tuple(shape)}, but the model's config makes it {want}")

@@ -21,6 +21,7 @@ Canonical tensors ("{i}" is the layer index; `?` = present only when the spec sa
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,19 @@ class ModelArgs:
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self) -> None:
+        for key in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "vocab_size", "num_key_value_heads", "head_dim",
+                    "max_position_embeddings"):
+            value = getattr(self, key)
+            if value is None and key in ("num_key_value_heads", "head_dim"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        for key, least in (("rope_theta", "positive"), ("norm_eps", "non-negative")):
+            value = getattr(self, key)  # (a zero theta makes every RoPE angle infinite)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+                    not math.isfinite(value) or value < 0 or (value == 0 and key == "rope_theta"):
+                raise ValueError(f"{key} must be a {least} finite number, got {value!r}")
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
@@ -178,6 +192,30 @@ def linear_weight_shape(args: ModelArgs, name: str) -> tuple[int, int]:
               "gate_proj": (I, D), "up_proj": (I, D), "down_proj": (D, I),
               "lm_head": (args.vocab_size, D)}
     return shapes[name.split(".")[-2]]
+
+
+def tensor_shape(args: ModelArgs, name: str) -> tuple[int, ...] | None:
+    """The shape the spec gives a canonical tensor (None: a name it does not fix, e.g. learned
+    positions, whose count a checkpoint decides, or RoPE frequency divisors)."""
+    D, vocab = args.hidden_size, args.vocab_size
+    if name in (EMBEDDING, "lm_head.weight"):
+        return (vocab, D)
+    if name == "lm_head.bias":
+        return (vocab,)
+    if name in ("model.norm.weight", "model.norm.bias"):
+        return (D,)
+    if not name.startswith("model.layers."):
+        return None
+    module, kind = name.split(".")[-2:]
+    if module.endswith("_proj"):
+        out, cols = linear_weight_shape(args, name)
+        return (out, cols) if kind == "weight" else (out,)
+    if module in ("q_norm", "k_norm"):
+        return (args.head_dim,)
+    if module in ("input_layernorm", "post_attention_layernorm", "attn_output_norm",
+                  "mlp_output_norm"):
+        return (D,)
+    return None
 
 
 # ---- the model ----------------------------------------------------------------------------------

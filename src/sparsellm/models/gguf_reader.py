@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from gguf import GGMLQuantizationType
 
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 SUPPORTED_VERSIONS = (2, 3)
 
 # Value types by their gguf.GGUFValueType code (`gguf` itself is imported once a file is
@@ -128,11 +129,14 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         self._types: dict[str, int] = {}
         self.tensors: list[GGUFTensor] = []
+        self._at = ("the header", 0)  # what is being read, from which byte (for errors)
         try:
             infos = self._read_header()
         except (_Truncated, struct.error, OverflowError):  # lengths past the end
-            raise ValueError(f"{self.path}: truncated GGUF header: the metadata runs past the "
-                             f"end of the file ({self.size} bytes; {INTERRUPTED[1:]}") from None
+            what, at = self._at
+            raise ValueError(f"{self.path}: truncated GGUF header: {what} at byte {at} runs "
+                             f"past the end of the file ({self.size} bytes; "
+                             f"{INTERRUPTED[1:]}") from None
         except _Corrupt as e:
             raise ValueError(f"{self.path}: corrupt GGUF header: {e}") from None
         try:
@@ -146,14 +150,18 @@ class GGUFFile:
         _, version, n_tensors, n_kv = _HEADER.unpack_from(buf, 0)
         if version & 0xFFFF == 0 and version != 0:
             raise ValueError(f"{self.path}: a big-endian GGUF file (version field "
-                             f"{version:#010x}); sparsellm reads little-endian GGUF only")
+                             f"{version:#010x} at byte 4); sparsellm reads little-endian GGUF "
+                             "only")
         if version not in SUPPORTED_VERSIONS:
-            raise ValueError(f"{self.path}: unsupported GGUF version {version} (sparsellm reads "
-                             f"versions {' and '.join(map(str, SUPPORTED_VERSIONS))})")
+            raise ValueError(f"{self.path}: unsupported GGUF version {version} at byte 4 "
+                             f"(sparsellm reads versions "
+                             f"{' and '.join(map(str, SUPPORTED_VERSIONS))})")
         self.version = version
         off = _HEADER.size
-        for _ in range(n_kv):
+        for i in range(n_kv):
+            self._at = (f"key/value {i}", off)
             key, off = self._string(off)
+            self._at = (f"key {key!r}", self._at[1])
             (kind,) = _U32.unpack_from(buf, off)
             if key in self.metadata:
                 raise _Corrupt(f"duplicate key {key!r}")
@@ -168,9 +176,14 @@ class GGUFFile:
                 raise _Corrupt(f"general.alignment {align} is not a power of two")
             self.alignment = align
         infos = []
-        for _ in range(n_tensors):
+        for i in range(n_tensors):
+            self._at = (f"tensor info {i}", off)
             name, off = self._string(off)
+            self._at = (f"tensor {name}'s info", self._at[1])
             (n_dims,) = _U32.unpack_from(buf, off)
+            if n_dims > MAX_DIMS:
+                raise _Corrupt(f"tensor {name} has {n_dims} dimensions (at byte {off}); GGUF "
+                               f"allows at most {MAX_DIMS}")
             if off + 4 + 8 * n_dims + 12 > self.size:
                 raise _Truncated
             dims = np.frombuffer(buf, "<u8", n_dims, off + 4).tolist()
@@ -255,6 +268,9 @@ class GGUFFile:
                 block, type_size = GGML_QUANT_SIZES[ggml_type]
             except (ValueError, KeyError):
                 raise _Corrupt(f"tensor {name} has unknown ggml type {kind}") from None
+            if offset % self.alignment:
+                raise _Corrupt(f"tensor {name}'s data offset {offset} is not a multiple of the "
+                               f"alignment, {self.alignment}")
             n_elements = int(np.prod(dims, dtype=object))
             start = self.data_offset + offset
             end = start + n_elements * type_size // block

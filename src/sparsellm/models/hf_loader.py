@@ -8,6 +8,7 @@ import logging
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from .checkpoint import (
     check_tensors,
     pickle_refusal,
 )
-from .compressed import decode_compressed_tensors, is_compressed_config
+from .compressed import Where, decode_compressed_tensors, is_compressed_config
 from .formats import QuantizedTensor, WeightFormat
 from .lazy import LazyTensors, transform_each
 from .safetensors_io import SafetensorsFile
@@ -37,9 +38,17 @@ def load_hf_folder(folder: Path) -> Checkpoint:
     float weights (mapped, converted to canonical names by the architecture) or
     compressed-tensors ones (decoded by compressed.py into fp32 values, declared formats and
     their exact integers)."""
-    config = json.loads((folder / CONFIG_FILE).read_text())
+    config_path = folder / CONFIG_FILE
+    config = read_json(config_path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: a JSON {type(config).__name__}, not a model config "
+                         "(a mapping)")
     names = config.get("architectures") or [config.get("model_type", "?")]
-    arch = find_architecture(names[0])
+    try:
+        arch = find_architecture(names[0])
+        args = arch.args(config)
+    except ValueError as e:  # what the config says: an architecture, sizes (ModelArgs' checks)
+        raise type(e)(f"{config_path}: {e}") from None
     paths = _safetensors_files(folder)
     files = [SafetensorsFile(f) for f in paths]
     raw = LazyTensors({name: partial(f.__getitem__, name) for f in files for name in f})
@@ -47,7 +56,8 @@ def load_hf_folder(folder: Path) -> Checkpoint:
     stored, dtypes = None, {}
     formats: dict[str, WeightFormat] = {}
     quantized: Mapping[str, QuantizedTensor] = {}
-    args = arch.args(config)
+    shapes: dict[str, tuple[int, ...]] | None = {name: f.shape(name) for f in files
+                                                  for name in f}
     canonical = config.get(TENSOR_NAMES_KEY) == "canonical"
     if is_compressed_config(config):  # compressed-tensors: integers, bitmasks, declared formats
         if not (canonical or arch.canonical_hf_names):
@@ -55,8 +65,11 @@ def load_hf_folder(folder: Path) -> Checkpoint:
                 f"{folder}: compressed-tensors checkpoints of {names[0]} are supported as "
                 "sparsellm writes them (canonical tensor names); compress the float model with "
                 "`sparsellm compress` instead")
-        tensors, formats, quantized, notes = decode_compressed_tensors(
-            transform_each(copies, _float32_tensor), config)
+        where = Where(str(config_path), {name: str(f.path) for f in files for name in f})
+        decoded = decode_compressed_tensors(transform_each(copies, _float32_tensor), config,
+                                            where, shapes)
+        tensors, formats, quantized = decoded.tensors, decoded.formats, decoded.quantized
+        shapes, notes = decoded.shapes, decoded.notes
         for note in notes:
             logger.info("%s: %s", folder, note)
         # Tensors stored as plain floats (norms, an unquantized embedding or lm_head) run in
@@ -71,8 +84,13 @@ def load_hf_folder(folder: Path) -> Checkpoint:
         if canonical or arch.canonical_hf_names:
             stored, dtypes = raw, {name: f.dtype(name) for f in files for name in f}
         else:
-            tensors = arch.from_hf(tensors, args)
-    check_tensors(tensors, args, str(folder))
+            tensors, shapes = arch.from_hf(tensors, args), None  # in memory: their own shapes
+    # Errors name the file holding a tensor (a decoded weight: the file of its scales); a
+    # missing one, the weights file or the folder of shards.
+    file_of = {name: str(f.path) for f in files for name in f}
+    file_of |= {n: file_of[n + "_scale"] for n in tensors if n + "_scale" in file_of}
+    weights = str(paths[0]) if len(paths) == 1 else str(folder)
+    check_tensors(tensors, args, weights, shapes, file_of)
     gen_path = folder / "generation_config.json"
     deployment_path = folder / DEPLOYMENT_FILE
     return Checkpoint(
@@ -82,20 +100,32 @@ def load_hf_folder(folder: Path) -> Checkpoint:
         config=config,
         tensors=tensors,
         tokenizer=Tokenizer.from_files(folder),
-        generation_config=json.loads(gen_path.read_text()) if gen_path.is_file() else {},
+        generation_config=read_json(gen_path) if gen_path.is_file() else {},
         weight_formats=formats,
         quantized=quantized,
-        deployment=json.loads(deployment_path.read_text()) if deployment_path.is_file() else {},
+        deployment=read_json(deployment_path) if deployment_path.is_file() else {},
         stored=stored,
         stored_dtypes=dtypes,
         source_files=paths,
     )
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file, or a ValueError naming it and where it stops being JSON."""
+    data = path.read_bytes()
+    try:
+        return json.loads(data.decode())
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: {e.msg} (line {e.lineno}, column "
+                         f"{e.colno})") from None
+
+
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        shards = sorted(set(read_json(index)["weight_map"].values()))
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
             raise FileNotFoundError(

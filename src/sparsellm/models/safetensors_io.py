@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import mmap
 import os
 import struct
@@ -54,25 +55,57 @@ class SafetensorsFile(Mapping[str, np.ndarray]):
             try:
                 header = json.loads(f.read(header_len))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{self.path}: corrupt safetensors header: {e.msg} at byte "
-                                 f"{8 + e.pos}") from None
+                raise ValueError(f"{self.path}: corrupt safetensors header: {e.msg} (at byte "
+                                 f"{8 + e.pos})") from None
             except UnicodeDecodeError as e:
                 raise ValueError(f"{self.path}: corrupt safetensors header: not UTF-8 at byte "
                                  f"{8 + e.start}") from None
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
         self._data_start = 8 + header_len
-        for name, info in header.items():
-            if info["dtype"] not in _DTYPES:
-                raise ValueError(f"{self.path}: tensor {name} has unsupported dtype "
-                                 f"{info['dtype']}")
-            end = self._data_start + info["data_offsets"][1]
-            if end > size:
-                raise ValueError(f"{self.path}: truncated: tensor {name} ends at byte {end} "
-                                 f"but the file has {size} bytes {INTERRUPTED}")
+        self.metadata: dict[str, str] = self._check_header(header, size)
         self._info = header
         # One map per file, made here (mapping reads nothing) so that threads reading tensors
         # at once all get views of this one map.
         self._map = map_file(self.path)
+
+    def _check_header(self, header: object, size: int) -> dict[str, str]:
+        """Refuse a header that is not what safetensors writes (a mapping of tensor names to
+        dtype, shape and data_offsets, and string metadata), or whose tensors lie outside the
+        file or disagree with their shape and dtype; -> the metadata."""
+        where = f"{self.path}: corrupt safetensors header"
+        if not isinstance(header, dict):
+            raise ValueError(f"{where}: a JSON {type(header).__name__}, not a mapping of tensor "
+                             "names (at byte 8)")
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise ValueError(f"{where}: __metadata__ must map strings to strings, got "
+                             f"{_short(metadata)} (at byte 8)")
+        for name, info in header.items():
+            if not (isinstance(info, dict) and {"dtype", "shape", "data_offsets"} <= set(info)):
+                raise ValueError(f"{where}: tensor {name} is {_short(info)}, not a mapping "
+                                 "with dtype, shape and data_offsets")
+            dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+            if not isinstance(dtype, str) or dtype not in _DTYPES:
+                raise ValueError(f"{self.path}: tensor {name} has unsupported dtype "
+                                 f"{_short(dtype)}; supported: {', '.join(_DTYPES)}")
+            if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
+                raise ValueError(f"{where}: tensor {name} has shape {_short(shape)}, not a list "
+                                 "of non-negative integers")
+            if not (isinstance(offsets, list) and len(offsets) == 2 and
+                    all(_is_count(o) for o in offsets) and offsets[0] <= offsets[1]):
+                raise ValueError(f"{where}: tensor {name} has data_offsets {_short(offsets)}, "
+                                 "not [begin, end] with 0 <= begin <= end")
+            end = self._data_start + offsets[1]
+            if end > size:
+                raise ValueError(f"{self.path}: truncated: tensor {name} ends at byte {end} "
+                                 f"but the file has {size} bytes {INTERRUPTED}")
+            nbytes = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+            if offsets[1] - offsets[0] != nbytes:
+                raise ValueError(
+                    f"{where}: tensor {name} spans bytes {self._data_start + offsets[0]} to "
+                    f"{end} ({offsets[1] - offsets[0]} bytes), but {dtype} of shape "
+                    f"{tuple(shape)} takes {nbytes}")
+        return metadata
 
     def __getitem__(self, name: str) -> np.ndarray:
         start, stop = self._span(name)
@@ -98,6 +131,10 @@ class SafetensorsFile(Mapping[str, np.ndarray]):
         """The stored dtype of a tensor (from the header: nothing read)."""
         return np.dtype(_DTYPES[self._info[name]["dtype"]])
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of a tensor (from the header: nothing read)."""
+        return tuple(self._info[name]["shape"])
+
     def __contains__(self, name: object) -> bool:  # without reading (Mapping's default would)
         return name in self._info
 
@@ -106,6 +143,16 @@ class SafetensorsFile(Mapping[str, np.ndarray]):
 
     def __len__(self) -> int:
         return len(self._info)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _short(value: object) -> str:
+    """repr(value), cut to a readable length (a damaged header can hold anything)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
