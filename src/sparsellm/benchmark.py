@@ -259,7 +259,8 @@ def _run(generator: BatchGenerator, prompts: list[list[int]], config: Generation
                 break
             for _ in prompts:
                 submit()
-        admitting = len(generator.waiting) and generator.engine.cache.num_free
+        admitting = (len(generator.waiting) and generator.engine.cache.num_free) or \
+            generator.prefilling
         decoding = sum(1 for live in generator.active.values() if live.next_token is not None)
         t0, native0 = time.perf_counter(), generator.engine.native_seconds
         events = generator.step()

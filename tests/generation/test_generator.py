@@ -174,7 +174,7 @@ def test_each_first_token_is_streamed_when_its_own_prompt_is_done(tok):
 
 
 def test_prompts_join_decoding_streams_one_chunk_of_tokens_per_step(tok):
-    """While a stream decodes, a step admits prompts up to prompt_chunk tokens (at least one),
+    """While a stream decodes, a step feeds prompts up to prompt_chunk tokens (at least one),
     so the stream's next token waits about one chunk; with nothing decoding, all are admitted."""
     long = [tok.encode("one two three four five six seven eight nine ten")] * 3
     chunk = len(long[0]) * 3 // 2  # one prompt fits in a chunk, two do not
@@ -216,3 +216,44 @@ def test_batch_of_prompts_equals_each_alone(tiny_model_dir):
     small = BatchGenerator(Engine(ck, sequence_length=40, max_sequences=2), ck.tokenizer)
     queued = small.run([GenerationRequest(i, cfg) for i in ids])
     assert [r.output_ids for r in queued] == [r.output_ids for r in together]
+
+
+def test_a_long_prompt_is_fed_one_window_per_step_beside_decoding_streams(tiny_model_dir):
+    """A prompt longer than prompt_chunk arriving while a stream decodes is fed one window a
+    step (the stream gets a token every step), and gives exactly what it gives alone: the same
+    tokens, and prompt logprobs from the same bits."""
+    ck = load_checkpoint(tiny_model_dir("llama"))
+    text = "import os\nimport sys\n\nclass A:\n    def f(self, x):\n        return x + 1\n"
+    long_ids = ck.tokenizer.encode(text * 3)
+    chunk = 16
+    assert 3 * chunk < len(long_ids) < 120
+    cfg = GenerationConfig(max_generated_tokens=8, force_max_tokens=True)
+
+    def engine():
+        return Engine(ck, sequence_length=128, max_sequences=2,
+                      prompt_processing_sequence_length=chunk)
+
+    gen = BatchGenerator(engine(), ck.tokenizer)
+    stream = gen.add(GenerationRequest(ck.tokenizer.encode("def f(x):"),
+                                       GenerationConfig(max_generated_tokens=32,
+                                                        force_max_tokens=True)))
+    gen.step()
+    long = gen.add(GenerationRequest(long_ids, cfg, score_prompt=True, logprobs=2))
+    windows = -(-len(long_ids) // chunk)
+    for step in range(1, windows):
+        events = gen.step()
+        assert [e.request for e in events] == [stream]  # the stream's token, nothing of long's
+        assert gen.active[long].fed == step * chunk and not long.output_ids
+        assert gen.prefilling == 1
+    events = gen.step()  # the last window: long's first token
+    assert [e.request for e in events] == [stream, long] and gen.prefilling == 0
+    while gen.has_work:
+        gen.step()
+    for r in (stream, long):
+        alone = BatchGenerator(engine(), ck.tokenizer)
+        (single,) = alone.run([GenerationRequest(r.prompt_ids, r.config,
+                                                 score_prompt=r.score_prompt,
+                                                 logprobs=r.logprobs)])
+        assert r.output_ids == single.output_ids and r.text == single.text
+        assert r.prompt_logprobs == single.prompt_logprobs  # bit for bit
+    assert len(long.prompt_logprobs) == len(long_ids) - 1

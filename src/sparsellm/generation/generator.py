@@ -80,6 +80,7 @@ class _Live:
         self.pending = ""  # decoded text not yet released (could begin a stop string)
         self.next_token: int | None = None  # sampled, not yet fed to the engine
         self.history = list(request.prompt_ids)  # prompt + output, for repetition penalty
+        self.fed = 0  # prompt tokens in the KV cache (the prompt is fed window by window)
 
 
 class BatchGenerator:
@@ -154,18 +155,26 @@ class BatchGenerator:
     def has_work(self) -> bool:
         return bool(self.waiting or self.active)
 
+    @property
+    def prefilling(self) -> int:
+        """Requests in a slot whose prompt is not all fed yet."""
+        return sum(live.fed < _fed_length(r) for r, live in self.active.items())
+
     # ---- stepping -------------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        """One batched decode step of the decoding sequences, then admit waiting requests
-        (prefill + first token), first come first served.
+        """One batched decode step of the decoding sequences, then prompt tokens, first come
+        first served: prompts already begun before new ones.
 
         Each event goes to its request's `on_event` as soon as it exists: a stream's first token
-        leaves when its own prompt is done, not when every prompt admitted with it is. While
-        sequences are decoding, a step admits prompts up to `engine.prompt_chunk` tokens (at
-        least one prompt), so they wait at most about one chunk's prefill for their next
-        token, and a burst of prompts is admitted over a few steps (llama-server's batch of
-        prompt tokens is the same size); with nothing decoding, every waiting prompt that has a
-        free slot is admitted at once. Returns the step's events."""
+        leaves when its own prompt is done, not when every prompt fed with it is. While
+        sequences are decoding, a step feeds at most `engine.prompt_chunk` prompt tokens (at
+        least one window): short prompts are admitted a few per step, and a long one is fed one
+        window of `prompt_chunk` tokens per step, so the decoding sequences wait at most about
+        one chunk's prefill for their next token however long the prompts that arrive
+        (llama-server's batch of prompt tokens and vLLM's chunked prefill are the same idea).
+        With nothing decoding, every waiting prompt that has a free slot is fed whole. A
+        prompt's windows are cut where the engine's own prefill cuts it, so its logits are the
+        same bits either way. Returns the step's events."""
         events: list[TokenEvent] = []
 
         def emit(event: TokenEvent) -> None:
@@ -189,33 +198,59 @@ class BatchGenerator:
             for r, row in zip(decoding, logits, strict=True):
                 emit(self._advance(r, row))
         budget = self.engine.prompt_chunk if decoding else None  # prompt tokens this step
-        admitted = 0
-        while self.waiting and self.engine.cache.num_free:
-            if budget is not None and admitted and \
-                    admitted + len(self.waiting[0].prompt_ids) > budget:
+        spent = 0
+        while (prompt := self._next_prompt(whole=budget is None)) is not None:
+            r, stop = prompt
+            fed = self.active[r].fed if r in self.active else 0
+            if budget is not None and spent and spent + stop - fed > budget:
                 break
-            r = self.waiting.popleft()
-            admitted += len(r.prompt_ids)
-            r.slot = self.engine.add_sequence()
-            self.active[r] = _Live(r, self.tokenizer)
-            if not r.generate:
-                emit(self._score_only(r))
-                continue
-            if self.speculator is not None:
-                self.speculator.start(r, r.prompt_ids)
-            emit(self._advance(r, self._prefill(r, r.prompt_ids)))
+            if r not in self.active:
+                self._admit(r)
+            spent += stop - fed
+            event = self._feed(r, stop)
+            if event is not None:
+                emit(event)
         return events
 
-    def _score_only(self, r: GenerationRequest) -> TokenEvent:
-        """A prefill of all prompt tokens but the last (rows predicting tokens 1..n-1), then
-        finish without sampling."""
-        if len(r.prompt_ids) > 1:
-            self._prefill(r, r.prompt_ids[:-1])
-        return self._finish(r, FINISH_LENGTH)
+    def _next_prompt(self, whole: bool) -> tuple[GenerationRequest, int] | None:
+        """The request whose prompt is fed next (one begun already, else the first waiting one
+        if a slot is free) and where its next window ends (`whole`: the prompt's end)."""
+        chunk = self.engine.prompt_chunk
+        for r, live in self.active.items():
+            n = _fed_length(r)
+            if live.fed < n:
+                return r, n if whole else min(live.fed + chunk, n)
+        if self.waiting and self.engine.cache.num_free:
+            r = self.waiting[0]
+            n = _fed_length(r)
+            return r, n if whole else min(chunk, n)
+        return None
 
-    def _prefill(self, r: GenerationRequest, tokens: list[int]) -> np.ndarray:
-        """Feed `tokens` (r's prompt, or all of it but the last) into r's slot -> the last
-        token's logits (vocab,).
+    def _admit(self, r: GenerationRequest) -> None:
+        """Move the first waiting request into a KV-cache slot."""
+        assert self.waiting[0] is r
+        self.waiting.popleft()
+        r.slot = self.engine.add_sequence()
+        self.active[r] = _Live(r, self.tokenizer)
+        if r.generate and self.speculator is not None:
+            self.speculator.start(r, r.prompt_ids)
+
+    def _feed(self, r: GenerationRequest, stop: int) -> TokenEvent | None:
+        """Feed r's prompt up to token `stop`; when that is all of it, sample the first token
+        (or, for a prompt only scored, finish) and return its event."""
+        live = self.active[r]
+        last = self._prefill(r, live.fed, stop) if stop > live.fed else None
+        live.fed = stop
+        if stop < _fed_length(r):
+            return None
+        if not r.generate:  # rows predicting tokens 1..n-1 are recorded: nothing to sample
+            return self._finish(r, FINISH_LENGTH)
+        assert last is not None
+        return self._advance(r, last)
+
+    def _prefill(self, r: GenerationRequest, start: int, stop: int) -> np.ndarray:
+        """Feed r's prompt tokens start..stop - 1 (start: where a window begins) into r's slot
+        -> the last one's logits (vocab,).
 
         What r asks of the prompt's logits (`return_logits`, `score_prompt`) is taken from each
         window of `engine.prompt_chunk` tokens as soon as it is computed, and the window's
@@ -224,12 +259,14 @@ class BatchGenerator:
         windows start where the engine's own prefill would cut the prompt, so each is the same
         native step and the logits the same bits as one prefill of the whole prompt.
         """
+        tokens = r.prompt_ids
         if not (r.return_logits or r.score_prompt):
-            return self.engine.prefill(r.slot, tokens)[-1]
+            return self.engine.prefill(r.slot, tokens[start:stop])[-1]
         chunk = self.engine.prompt_chunk
-        for start in range(0, len(tokens), chunk):
-            logits = self.engine.prefill(r.slot, tokens[start:start + chunk], all_logits=True)
-            self._record_prompt(r, start, logits)
+        for at in range(start, stop, chunk):
+            logits = self.engine.prefill(r.slot, tokens[at:min(at + chunk, stop)],
+                                         all_logits=True)
+            self._record_prompt(r, at, logits)
             last = logits[-1].copy()  # a copy, not a view that would keep the chunk alive
             del logits  # before the next window's logits are allocated
         return last
@@ -344,6 +381,12 @@ class BatchGenerator:
         while self.has_work:
             self.step()
         return list(requests)
+
+
+def _fed_length(r: GenerationRequest) -> int:
+    """Prompt tokens a request feeds: all, or all but the last when it is only scored (the
+    last one is then only a target)."""
+    return len(r.prompt_ids) if r.generate else len(r.prompt_ids) - 1
 
 
 def _logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, dict[int, float]]:
