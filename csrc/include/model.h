@@ -20,38 +20,63 @@ enum class Residual : int {
   ParallelTwoNorms = 2,  // x += attn(n1(x)) + mlp(n2(x))
 };
 
+// The decoder spec, declared once: X(type, name, default, help) makes the struct below and its
+// Python binding (_native.ModelConfig, python/model.cpp), so a new field is one line here.
+#define SL_MODEL_CONFIG_FIELDS(X)                                                               \
+  X(int64_t, hidden, 0, "hidden size")                                                          \
+  X(int64_t, intermediate, 0, "MLP width")                                                      \
+  X(int64_t, layers, 0, "decoder layers")                                                       \
+  X(int64_t, heads, 0, "query heads")                                                           \
+  X(int64_t, kv_heads, 0, "key/value heads")                                                    \
+  X(int64_t, head_dim, 0, "dimensions per head")                                                \
+  X(int64_t, vocab, 0, "vocabulary size")                                                       \
+  X(float, eps, 1e-6f, "the norms' epsilon")                                                    \
+  X(int64_t, sliding_window, 0, "keys a query attends to (0: full causal attention)")           \
+  X(std::vector<bool>, layer_sliding, {},                                                       \
+    "per layer (empty: every layer alike): whether it attends within sliding_window")           \
+  X(std::vector<double>, local_inv_freq, {}, "empty, or the RoPE of sliding layers (own base)") \
+  X(float, attn_scale, 0.0f, "score scale (0: 1/sqrt(head_dim))")                               \
+  X(float, embed_scale, 1.0f, "token embeddings are multiplied by it (Gemma: sqrt(hidden))")    \
+  X(bool, sandwich_norms, false, "norms on the attention and MLP outputs (Gemma 2/3)")          \
+  X(float, final_logit_softcap, 0.0f, "logits = cap * tanh(logits / cap) (0: none)")            \
+  X(int64_t, max_tokens, 0, "largest T of one forward call (buffers are sized for it)")         \
+  X(int64_t, rotary_dim, 0, "half-split RoPE on the first rotary_dim dims of each head")        \
+  X(std::vector<double>, inv_freq, {}, "(rotary_dim / 2,) RoPE inverse frequencies")            \
+  X(bool, layer_norm, false, "LayerNorm (+ optional bias) instead of RMSNorm")                  \
+  X(Residual, residual, Residual::Sequential, "how attention and MLP join the residual")        \
+  X(bool, gated, true, "down(act(gate(h)) * up(h)) vs down(act(up(h)))")                        \
+  X(Activation, act, Activation::Silu, "the MLP's activation")                                  \
+  X(int64_t, max_positions, 0, "rows of the learned position table (0: none)")                  \
+  X(bool, qk_norm, false, "RMSNorm over head_dim of each q and k head, before RoPE")
+
 struct ModelConfig {
-  int64_t hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  int64_t vocab = 0;
-  float eps = 1e-6f;
-  int64_t sliding_window = 0;  // 0: full causal attention
-  // Per layer (empty: every layer alike): whether it attends within sliding_window (else fully)
-  std::vector<bool> layer_sliding;
-  std::vector<double> local_inv_freq;  // empty, or the RoPE of sliding layers (own base)
-  float attn_scale = 0.0f;     // score scale; 0: 1/sqrt(head_dim)
-  float embed_scale = 1.0f;    // token embeddings are multiplied by it (Gemma: sqrt(hidden))
-  bool sandwich_norms = false;  // norms on the attention and MLP outputs (Gemma 2/3)
-  float final_logit_softcap = 0.0f;  // logits = cap * tanh(logits / cap); 0: none
-  int64_t max_tokens = 0;      // largest T of one forward call (buffers are sized for it)
-  int64_t rotary_dim = 0;      // half-split RoPE on the first rotary_dim dims of each head
-  std::vector<double> inv_freq;  // (rotary_dim/2,) RoPE inverse frequencies
-  bool layer_norm = false;     // LayerNorm (+ optional bias) instead of RMSNorm
-  Residual residual = Residual::Sequential;
-  bool gated = true;           // down(act(gate(h)) * up(h)) vs down(act(up(h)))
-  Activation act = Activation::Silu;
-  int64_t max_positions = 0;   // rows of the learned position table (0: no learned positions)
-  bool qk_norm = false;        // RMSNorm over head_dim of each q and k head, before RoPE
+#define SL_CONFIG_FIELD(type, name, init, help) type name = init;
+  SL_MODEL_CONFIG_FIELDS(SL_CONFIG_FIELD)
+#undef SL_CONFIG_FIELD
 };
 
+// A layer's tensors, declared once: the packed matrices X(name, rows, cols) and the fp32
+// vectors V(name, length), sizes in the names make_model (python/model.cpp) gives them: D
+// hidden, I intermediate, QD heads * head_dim, KVD kv_heads * head_dim, HD head_dim. They make
+// LayerWeights below and its Python twin (_native.LayerWeights), so a new tensor is one line.
+// gate is empty unless the MLP is gated; the attention norm is required, the MLP norm too
+// unless one norm is shared (Residual::Parallel); q_norm/k_norm go with qk_norm,
+// attn_out_norm/mlp_out_norm with sandwich_norms; the rest (LayerNorm and linear biases) are
+// optional.
+#define SL_LAYER_MATRICES(X) \
+  X(q, QD, D) X(k, KVD, D) X(v, KVD, D) X(o, D, QD) X(gate, I, D) X(up, I, D) X(down, D, I)
+#define SL_LAYER_VECTORS(V)                                                                \
+  V(attn_norm, D) V(mlp_norm, D) V(attn_norm_b, D) V(mlp_norm_b, D) V(q_norm, HD)          \
+  V(k_norm, HD) V(attn_out_norm, D) V(mlp_out_norm, D) V(bq, QD) V(bk, KVD) V(bv, KVD)     \
+  V(bo, D) V(bgate, I) V(bup, I) V(bdown, D)
+
 struct LayerWeights {
-  Weight q, k, v, o, gate, up, down;  // gate unused (empty) when !gated
-  const float* attn_norm = nullptr;  // (hidden,)
-  const float* mlp_norm = nullptr;   // (hidden,); null with a shared norm
-  const float *attn_norm_b = nullptr, *mlp_norm_b = nullptr;  // LayerNorm biases (optional)
-  const float *q_norm = nullptr, *k_norm = nullptr;  // (head_dim,) each, with qk_norm
-  const float *attn_out_norm = nullptr, *mlp_out_norm = nullptr;  // with sandwich_norms
-  const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;  // optional biases
-  const float *bgate = nullptr, *bup = nullptr, *bdown = nullptr;
+#define SL_LAYER_MATRIX(name, rows, cols) Weight name;
+#define SL_LAYER_VECTOR(name, length) const float* name = nullptr;
+  SL_LAYER_MATRICES(SL_LAYER_MATRIX)
+  SL_LAYER_VECTORS(SL_LAYER_VECTOR)
+#undef SL_LAYER_MATRIX
+#undef SL_LAYER_VECTOR
 };
 
 // KV cache views, written in place: fp32, IEEE half or int8 rows with their scales (ops.h).

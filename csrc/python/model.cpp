@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bindings.h"
@@ -27,18 +28,27 @@ struct PyModel {
   int last_threads = 0;  // most threads that ran one region of the last forward
 };
 
-const float* vec_of(const py::dict& d, const char* key, int64_t n, py::list& keep) {
-  if (!d.contains(key) || d[key].is_none()) return nullptr;
-  py::array a = d[key].cast<py::array>();
+// A layer's tensors as Python hands them over: one attribute per field of LayerWeights
+// (model.h SL_LAYER_MATRICES / SL_LAYER_VECTORS), None when absent. Bound as
+// _native.LayerWeights; an unknown attribute is an AttributeError, not a key ignored.
+struct PyLayer {
+#define SL_PY_FIELD(name, ...) py::object name = py::none();
+  SL_LAYER_MATRICES(SL_PY_FIELD)
+  SL_LAYER_VECTORS(SL_PY_FIELD)
+#undef SL_PY_FIELD
+};
+
+const float* vec_of(const py::object& o, const char* key, int64_t n, py::list& keep) {
+  if (o.is_none()) return nullptr;
+  py::array a = o.cast<py::array>();
   if (a.size() != n) throw std::invalid_argument(std::string(key) + ": wrong length");
   keep.append(a);
   return ptr_of<float>(a, key);
 }
 
-const Weight& weight_of(const py::dict& d, const char* key, int64_t rows, int64_t cols,
+const Weight& weight_of(const py::object& o, const char* key, int64_t rows, int64_t cols,
                         py::list& keep) {
-  if (!d.contains(key)) throw std::invalid_argument(std::string("layer weight missing: ") + key);
-  py::object o = d[key];
+  if (o.is_none()) throw std::invalid_argument(std::string("layer weight missing: ") + key);
   const PyWeight& p = o.cast<const PyWeight&>();
   if (p.w.rows != rows || p.w.cols != cols)
     throw std::invalid_argument(std::string(key) + ": expected shape (" + std::to_string(rows) +
@@ -48,14 +58,14 @@ const Weight& weight_of(const py::dict& d, const char* key, int64_t rows, int64_
 }
 
 // config: the decoder spec (model.h ModelConfig, bound below as _native.ModelConfig); layers:
-// one dict per layer of packed weights ("q", "k", "v", "o", "gate" (gated MLPs), "up", "down")
-// and fp32 vectors (norms and biases, None when absent).
-PyModel make_model(const ModelConfig& cfg, const py::list& layers, py::object embed,
+// one _native.LayerWeights per layer (packed matrices and fp32 vectors, model.h LayerWeights).
+PyModel make_model(const ModelConfig& cfg, const std::vector<const PyLayer*>& layers,
+                   py::object embed,
                    py::object pos_embed, py::array final_norm, py::object final_norm_b,
                    py::object lm_head, py::object lm_head_b) {
   ModelConfig c = cfg;
   if (c.layers != int64_t(layers.size()))
-    throw std::invalid_argument("config.layers must equal the number of layer dicts");
+    throw std::invalid_argument("config.layers must equal the number of layers given");
   if (c.hidden <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.head_dim <= 0 || c.vocab <= 0 ||
       c.max_tokens <= 0)
     throw std::invalid_argument("config: hidden, heads, kv_heads, head_dim, vocab and "
@@ -63,41 +73,31 @@ PyModel make_model(const ModelConfig& cfg, const py::list& layers, py::object em
   if (int64_t(c.inv_freq.size()) * 2 != c.rotary_dim)
     throw std::invalid_argument("config: inv_freq must have rotary_dim / 2 entries");
   PyModel pm;
-  const int64_t D = c.hidden, I = c.intermediate, qd = c.heads * c.head_dim,
-                kvd = c.kv_heads * c.head_dim;
+  // the sizes SL_LAYER_MATRICES / SL_LAYER_VECTORS are written in
+  const int64_t D = c.hidden, I = c.intermediate, QD = c.heads * c.head_dim,
+                KVD = c.kv_heads * c.head_dim, HD = c.head_dim;
   std::vector<LayerWeights> lw;
-  for (py::handle h : layers) {
-    py::dict d = h.cast<py::dict>();
+  for (const PyLayer* p : layers) {
+    if (p == nullptr) throw std::invalid_argument("layers: None is not a LayerWeights");
     LayerWeights l;
-    l.q = weight_of(d, "q", qd, D, pm.keep);
-    l.k = weight_of(d, "k", kvd, D, pm.keep);
-    l.v = weight_of(d, "v", kvd, D, pm.keep);
-    l.o = weight_of(d, "o", D, qd, pm.keep);
-    if (c.gated) l.gate = weight_of(d, "gate", I, D, pm.keep);
-    l.up = weight_of(d, "up", I, D, pm.keep);
-    l.down = weight_of(d, "down", D, I, pm.keep);
-    l.attn_norm = vec_of(d, "attn_norm", D, pm.keep);
-    l.mlp_norm = vec_of(d, "mlp_norm", D, pm.keep);
-    l.attn_norm_b = vec_of(d, "attn_norm_b", D, pm.keep);
-    l.mlp_norm_b = vec_of(d, "mlp_norm_b", D, pm.keep);
+// every matrix is required but gate, which goes with a gated MLP (checked below)
+#define SL_TAKE_MATRIX(name, rows, cols)                        \
+  if (!p->name.is_none() || std::string_view(#name) != "gate") \
+    l.name = weight_of(p->name, #name, rows, cols, pm.keep);
+#define SL_TAKE_VECTOR(name, length) l.name = vec_of(p->name, #name, length, pm.keep);
+    SL_LAYER_MATRICES(SL_TAKE_MATRIX)
+    SL_LAYER_VECTORS(SL_TAKE_VECTOR)
+#undef SL_TAKE_MATRIX
+#undef SL_TAKE_VECTOR
+    if (c.gated == p->gate.is_none())
+      throw std::invalid_argument("gate (intermediate, hidden) goes with gated, and only then");
     if (!l.attn_norm || (c.residual != Residual::Parallel && !l.mlp_norm))
       throw std::invalid_argument("layer norms missing");
-    l.q_norm = vec_of(d, "q_norm", c.head_dim, pm.keep);
-    l.k_norm = vec_of(d, "k_norm", c.head_dim, pm.keep);
     if (c.qk_norm != (l.q_norm && l.k_norm))
       throw std::invalid_argument("q_norm, k_norm (head_dim,) go with qk_norm, and only then");
-    l.attn_out_norm = vec_of(d, "attn_out_norm", D, pm.keep);
-    l.mlp_out_norm = vec_of(d, "mlp_out_norm", D, pm.keep);
     if (c.sandwich_norms != (l.attn_out_norm && l.mlp_out_norm))
       throw std::invalid_argument(
           "attn_out_norm, mlp_out_norm (hidden,) go with sandwich_norms, and only then");
-    l.bq = vec_of(d, "bq", qd, pm.keep);
-    l.bk = vec_of(d, "bk", kvd, pm.keep);
-    l.bv = vec_of(d, "bv", kvd, pm.keep);
-    l.bo = vec_of(d, "bo", D, pm.keep);
-    l.bgate = vec_of(d, "bgate", I, pm.keep);
-    l.bup = vec_of(d, "bup", I, pm.keep);
-    l.bdown = vec_of(d, "bdown", D, pm.keep);
     lw.push_back(l);
   }
   const PyWeight& emb = embed.cast<const PyWeight&>();
@@ -136,32 +136,31 @@ void bind_model(py::module_& m) {
       .value("gelu", Activation::Gelu)
       .value("relu", Activation::Relu);
 
-  py::class_<ModelConfig>(m, "ModelConfig", "The decoder spec the native forward runs (model.h)")
-      .def(py::init<>())
-      .def_readwrite("hidden", &ModelConfig::hidden)
-      .def_readwrite("intermediate", &ModelConfig::intermediate)
-      .def_readwrite("layers", &ModelConfig::layers)
-      .def_readwrite("heads", &ModelConfig::heads)
-      .def_readwrite("kv_heads", &ModelConfig::kv_heads)
-      .def_readwrite("head_dim", &ModelConfig::head_dim)
-      .def_readwrite("vocab", &ModelConfig::vocab)
-      .def_readwrite("eps", &ModelConfig::eps)
-      .def_readwrite("sliding_window", &ModelConfig::sliding_window)
-      .def_readwrite("max_tokens", &ModelConfig::max_tokens)
-      .def_readwrite("rotary_dim", &ModelConfig::rotary_dim)
-      .def_readwrite("inv_freq", &ModelConfig::inv_freq)
-      .def_readwrite("layer_norm", &ModelConfig::layer_norm)
-      .def_readwrite("residual", &ModelConfig::residual)
-      .def_readwrite("gated", &ModelConfig::gated)
-      .def_readwrite("act", &ModelConfig::act)
-      .def_readwrite("max_positions", &ModelConfig::max_positions)
-      .def_readwrite("qk_norm", &ModelConfig::qk_norm)
-      .def_readwrite("layer_sliding", &ModelConfig::layer_sliding)
-      .def_readwrite("local_inv_freq", &ModelConfig::local_inv_freq)
-      .def_readwrite("attn_scale", &ModelConfig::attn_scale)
-      .def_readwrite("embed_scale", &ModelConfig::embed_scale)
-      .def_readwrite("sandwich_norms", &ModelConfig::sandwich_norms)
-      .def_readwrite("final_logit_softcap", &ModelConfig::final_logit_softcap);
+  py::class_<ModelConfig> config(m, "ModelConfig",
+                                 "The decoder spec the native forward runs (model.h)");
+  config.def(py::init<>());
+#define SL_BIND_CONFIG(type, name, init, help) \
+  config.def_readwrite(#name, &ModelConfig::name, help);
+  SL_MODEL_CONFIG_FIELDS(SL_BIND_CONFIG)
+#undef SL_BIND_CONFIG
+
+  py::class_<PyLayer> layer(m, "LayerWeights",
+                            "One layer's packed matrices and fp32 vectors (model.h LayerWeights; "
+                            "None when absent)");
+  layer.def(py::init<>());
+  py::list matrices, vectors;
+#define SL_BIND_LAYER(name, ...) layer.def_readwrite(#name, &PyLayer::name);
+#define SL_NAME_MATRIX(name, rows, cols) matrices.append(#name);
+#define SL_NAME_VECTOR(name, length) vectors.append(#name);
+  SL_LAYER_MATRICES(SL_BIND_LAYER)
+  SL_LAYER_VECTORS(SL_BIND_LAYER)
+  SL_LAYER_MATRICES(SL_NAME_MATRIX)
+  SL_LAYER_VECTORS(SL_NAME_VECTOR)
+#undef SL_BIND_LAYER
+#undef SL_NAME_MATRIX
+#undef SL_NAME_VECTOR
+  layer.attr("matrices") = py::tuple(matrices);  // the field names, in declaration order
+  layer.attr("vectors") = py::tuple(vectors);
 
   py::class_<PyModel>(m, "NativeModel")
       .def(py::init(&make_model), py::arg("config"), py::arg("layers"), py::arg("embed"),

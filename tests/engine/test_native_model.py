@@ -290,10 +290,52 @@ def test_config_crosses_as_the_typed_struct():
     assert config.act == native().Activation.gelu and not config.gated and config.layer_norm
     assert len(config.inv_freq) == 2
     config.layers = 3
-    with pytest.raises(ValueError, match="number of layer dicts"):
+    with pytest.raises(ValueError, match="number of layers given"):
         native().NativeModel(config, [], None, None, np.ones(64, np.float32), None, None, None)
     with pytest.raises(TypeError):
         config.act = "gelu"  # only the enum
+
+
+def test_layer_weights_cross_as_the_one_declared_struct():
+    """model.h declares a layer's tensors once (SL_LAYER_MATRICES / SL_LAYER_VECTORS): the
+    Python twin has exactly those fields, the wrapper maps every one of them to a canonical
+    tensor, a misspelt field is an error (a dict key would be ignored), and a missing required
+    matrix or a gate on an ungated MLP is refused by name."""
+    from sparsellm.engine.native_model import _LINEAR, _VECTORS
+    from sparsellm.kernels._ext import native
+
+    layer_type = native().LayerWeights
+    assert sorted(_LINEAR) == sorted(layer_type.matrices)
+    assert sorted(_VECTORS) == sorted(layer_type.vectors)
+    layer = layer_type()
+    assert layer.q is None and layer.attn_norm is None
+    with pytest.raises(AttributeError):
+        layer.attn_nrom = np.ones(64, np.float32)
+    rng = np.random.default_rng(7)
+    for spec, drop, message in [("llama", "k", "layer weight missing: k"),
+                                ("gpt_neox", None, "gate .* goes with gated")]:
+        args, tensors = tiny_model(rng, **SPECS[spec])
+        model = NativeDecoderModel(args, tensors, "fp32", max_tokens=8)
+        built = model._model  # rebuild it from its own parts, one field changed
+        layers = []
+        for i in range(args.num_hidden_layers):
+            layer = layer_type()
+            p = f"model.layers.{i}."
+            for key, base in _LINEAR.items():
+                if p + base + ".weight" in model.packed:
+                    setattr(layer, key, model.packed[p + base + ".weight"].native())
+            for key, name in _VECTORS.items():
+                t = tensors.get(p + name)
+                setattr(layer, key, None if t is None else np.ascontiguousarray(t, np.float32))
+            if drop:
+                setattr(layer, drop, None)
+            else:  # an ungated MLP given a gate
+                layer.gate = layer.up
+            layers.append(layer)
+        head = model.packed["lm_head.weight"].native()
+        with pytest.raises(ValueError, match=message):
+            native().NativeModel(built.config, layers, head, None,
+                                 np.ones(args.hidden_size, np.float32), None, head, None)
 
 
 @pytest.mark.parametrize("fmt", ["int8_a8", "sparse_int8", "int4_g64"])

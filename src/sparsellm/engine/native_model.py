@@ -27,11 +27,11 @@ from ..kernels.ops import get_num_threads
 from ..models.decoder import EMBEDDING, ModelArgs, linear_weight_names
 from ..models.rope import rope_inv_freq
 
-# C++ layer-dict key -> canonical name suffix inside "model.layers.{i}."
+# _native.LayerWeights field -> canonical name suffix inside "model.layers.{i}."
 _LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
            "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
            "down": "mlp.down_proj"}
-# C++ layer-dict key -> fp32 vector name suffix (absent tensors are passed as None)
+# _native.LayerWeights vector -> fp32 tensor name suffix (absent ones are passed as None)
 _VECTORS = {"attn_norm": "input_layernorm.weight", "attn_norm_b": "input_layernorm.bias",
             "mlp_norm": "post_attention_layernorm.weight",
             "mlp_norm_b": "post_attention_layernorm.bias",
@@ -140,10 +140,13 @@ class NativeDecoderModel:
         layers = []
         for i in range(args.num_hidden_layers):
             p = f"model.layers.{i}."
-            d = {key: self.packed[p + base + ".weight"].native() for key, base in _LINEAR.items()
-                 if p + base + ".weight" in self.packed}
-            d.update({key: vec(p + name) for key, name in _VECTORS.items()})
-            layers.append(d)
+            layer = native().LayerWeights()  # the typed C++ struct (csrc/include/model.h)
+            for key, base in _LINEAR.items():
+                if p + base + ".weight" in self.packed:
+                    setattr(layer, key, self.packed[p + base + ".weight"].native())
+            for key, name in _VECTORS.items():
+                setattr(layer, key, vec(p + name))
+            layers.append(layer)
         inv_freq = rope_inv_freq(args.rotary_dim, args.rope_theta, args.rope_scaling,
                                  tensors.get("rope_freqs.weight"))
         pos_embed = vec("model.embed_positions.weight") if args.learned_positions else None
