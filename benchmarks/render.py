@@ -223,7 +223,47 @@ def headline(records: list[dict]) -> str:
                       f"({peer(best['system'])} {best['weights']})",
                       f"**{ratio(ours[field], best[field])}**"]
         out.append(f"| {pair} | " + " | ".join(cells) + " |")
+    cpu = m["cpu"]
+    for line in (_headline_7b(records, cpu), _headline_serving(records, cpu)):
+        if line:
+            out += ["", line]
     return "\n".join(out) + "\n"
+
+
+def _newest(records: list[dict], benchmark: str, cpu: str, shape: str) -> dict | None:
+    found = [r for r in records if r["benchmark"] == benchmark and r.get("shape") == shape
+             and r["machine"]["cpu"] == cpu]
+    return found[-1] if found else None
+
+
+def _headline_7b(records: list[dict], cpu: str) -> str | None:
+    """One line under the table: decode at the Llama-2-7B shape on the same CPU."""
+    record = _newest(records, "peers", cpu, "llama-2-7b")
+    if record is None:
+        return None
+    cells = [f"{pair} {num(ours['decode_tok_s'])} vs {num(theirs['decode_tok_s'])} "
+             f"({peer(theirs['system'])} {theirs['weights']}, "
+             f"**{ratio(ours['decode_tok_s'], theirs['decode_tok_s'])}**)"
+             for pair, ours, theirs in against_peers(record) if theirs.get("decode_tok_s")]
+    return (f"Llama-2-7B shape, decode tok/s ({record['rounds']} rounds, "
+            f"{record['date'][:10]}): " + "; ".join(cells) + ".") if cells else None
+
+
+def _headline_serving(records: list[dict], cpu: str) -> str | None:
+    """One line under the table: serving concurrent streams on the same CPU."""
+    record = _newest(records, "serving", cpu, HEADLINE_SHAPE)
+    if record is None:
+        return None
+    found = against_peers(record)
+    cells = [f"{pair} {num(ours['tok_s'])} vs {num(theirs['tok_s'])} tok/s "
+             f"(**{ratio(ours['tok_s'], theirs['tok_s'])}**), first token p50 "
+             f"{num(ours.get('ttft_p50_s'))} vs {num(theirs.get('ttft_p50_s'), unit=' s')}"
+             for pair, ours, theirs in found]
+    peers = sorted({peer(theirs["system"]) for _, _, theirs in found})
+    return (f"Serving, {found[0][1]['streams'] if found else '-'} concurrent streams against "
+            f"{', '.join(peers)}'s server ({record['rounds']} "
+            f"round{'s' if record['rounds'] != 1 else ''}, {record['date'][:10]}): "
+            + "; ".join(cells) + ".") if cells else None
 
 
 def record_hash(record: dict) -> str:

@@ -99,12 +99,22 @@ def test_only_the_newest_record_per_machine_and_benchmark_is_shown(tmp_path):
         {"shape": "tinyllama-1.1b", "pair": "int8_a8", "system": s, "weights": w, "streams": 16,
          "tok_s": t, "ttft_p50_s": 3.7, "ttft_p99_s": 5.0}
         for s, w, t in (("sparsellm", "int8_a8", 207.0), ("ik_llama", "Q8_0", 90.0))]}
-    for name, record in (("a", old), ("b", new), ("c", serving)):
+    big = {**_record(4.0), "shape": "llama-2-7b",
+           "rows": [{**r, "shape": "llama-2-7b", "decode_tok_s": d, "prefill_tok_s": None}
+                    for r, d in zip(_record(0.0)["rows"], (4.0, 3.2, 2.0), strict=True)]}
+    for name, record in (("a", old), ("b", new), ("c", serving), ("d", big)):
         (tmp_path / f"{name}.json").write_text(json.dumps(record))
     docs = render.benchmarks_md(render.load(tmp_path))
     assert "30.0 vs 20.0" in docs and "10.0 vs 20.0" not in docs
     assert "| int8_a8 | ik_llama.cpp Q8_0 | 16 | 207 vs 90 | 2.30x | 3.7 vs 3.7 s |" in docs
-    assert "1.50x" in render.headline(render.load(tmp_path))
+    headline = render.headline(render.load(tmp_path))
+    assert "1.50x" in headline  # the 1.1B table, then one line each for 7B and serving
+    assert "Llama-2-7B shape, decode tok/s (3 rounds, 2026-01-01): int4_g32 4.0 vs 3.2 " \
+        "(ik_llama.cpp Q4_0, **1.25x**); int4_g32 4.0 vs 2.0 (llama.cpp Q4_0, **2.00x**)." \
+        in headline
+    assert "Serving, 16 concurrent streams against ik_llama.cpp's server (3 rounds, " \
+        "2026-01-01): int8_a8 207.0 vs 90.0 tok/s (**2.30x**), first token p50 3.7 vs 3.7 s." \
+        in headline
 
 
 def test_the_readme_setup_commands_are_the_ones_ci_runs():
