@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..models.compressed import measured_structure
-from ..models.formats import QuantizedTensor, WeightFormat
+from ..models.formats import QuantizedTensor, Sparsity, WeightFormat
 from .gptq import gptq_quantize
 from .magnitude import magnitude_prune
 from .plan import PlanContext, Planned, Pruned, PruneStep, QuantStep, TensorPlan
@@ -310,8 +310,12 @@ class _TargetSparsity(PruneStep):
     prunem: int = 0
 
     @property
-    def structure(self) -> str:
-        return f"{self.prunem - self.prunen}:{self.prunem}" if self.prunen else "unstructured"
+    def structure(self) -> Sparsity | str:
+        """The mask's `Sparsity` (another N:M than 2:4 stays its string: no kernel runs it)."""
+        if not self.prunen:
+            return Sparsity.BITMASK
+        nm = f"{self.prunem - self.prunen}:{self.prunem}"
+        return Sparsity.TWO_FOUR if nm == Sparsity.TWO_FOUR else nm
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..models.formats import QuantizedTensor, WeightFormat
+from ..models.formats import QuantizedTensor, Sparsity, WeightFormat
 
 
 class RecipeError(ValueError):
@@ -176,7 +176,7 @@ class Pruned:
 
     weight: np.ndarray  # (out, in) fp32
     keep: np.ndarray | None = None  # (out, in) bool, True = kept; None = nothing pruned
-    structure: str | None = None  # "unstructured" | "2:4" | None (dense)
+    structure: Sparsity | str | None = None  # None: dense; another N:M than 2:4: its string
     quantized: QuantizedTensor | None = None
 
 

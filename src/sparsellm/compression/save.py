@@ -16,8 +16,9 @@ from ..atomic import atomic_folder, write_json_atomic
 from ..models.checkpoint import TENSOR_NAMES_KEY, Checkpoint
 from ..models.compressed import bitmask_compress, pack_int32
 from ..models.decoder import EMBEDDING
-from ..models.formats import QuantizedTensor, WeightFormat
+from ..models.formats import QuantizedTensor, Sparsity, WeightFormat
 from ..models.safetensors_io import write_safetensors
+from ..weight_format import CT_BITMASK, CT_DENSE, CT_SPARSITY_FORMATS
 
 VERSION = "sparsellm-0.1.0"
 # How sparse weights are laid out in the file (compressed-tensors' sparsity formats):
@@ -26,7 +27,7 @@ VERSION = "sparsellm-0.1.0"
 # described in `sparsity_config` and measured again when sparsellm loads the file.
 # "sparse-bitmask": kept values + a bitmask per row (about 40% smaller at 50% sparsity), read by
 # sparsellm and compressed-tensors <= 0.12 only (later releases dropped the layout).
-SPARSITY_FORMATS = ("dense", "sparse-bitmask")
+SPARSITY_FORMATS = CT_SPARSITY_FORMATS
 
 
 def check_sparsity_format(name: str) -> None:
@@ -47,14 +48,14 @@ class CompressedModel:
     masks: dict[str, np.ndarray] = field(default_factory=dict)  # float sparse weights: keep mask
     encoded: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # encode_tensor's
     zeros: dict[str, int] = field(default_factory=dict)  # exact zeros of a compressed weight
-    sparsity_format: str = "dense"  # one of SPARSITY_FORMATS
+    sparsity_format: str = CT_DENSE  # one of SPARSITY_FORMATS
 
     def __post_init__(self) -> None:
         check_sparsity_format(self.sparsity_format)
 
     @property
     def bitmasked(self) -> bool:
-        return self.sparsity_format == "sparse-bitmask"
+        return self.sparsity_format == CT_BITMASK
 
 
 def _module(name: str) -> str:
@@ -171,9 +172,10 @@ def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
         zeros = sum(model.zeros[n] if n in model.zeros else int((model.tensors[n] == 0).sum())
                     for n in sparse)
         out["sparsity_config"] = {
-            "format": "sparse-bitmask" if bitmasked else "dense",
+            "format": CT_BITMASK if bitmasked else CT_DENSE,
             "global_sparsity": zeros / max(total, 1),
-            "sparsity_structure": structures.pop() if len(structures) == 1 else "unstructured",
+            "sparsity_structure": str(structures.pop() if len(structures) == 1
+                                      else Sparsity.BITMASK),
             "targets": sorted(_module(n) for n in sparse),
             "ignore": [],
             "registry_requires_subclass": False,

@@ -14,7 +14,7 @@ from ..kernels.formats import dense_twin, float_format, pack_quantized
 from ..kernels.reference import with_dequantized
 from ..models import Checkpoint
 from ..models.decoder import EMBEDDING
-from ..models.formats import WeightFormat
+from ..models.formats import Sparsity, WeightFormat
 from ..models.lazy import LazyTensors
 
 logger = logging.getLogger(__name__)
@@ -162,8 +162,8 @@ def runnable(fmt: WeightFormat) -> WeightFormat:
         fmt = replace(fmt, symmetric=True, group_size=None)
     if fmt.bits == 4 and not fmt.group_size:
         fmt = replace(fmt, group_size=32)
-    if fmt.sparsity == "2:4" and fmt.name not in FORMATS:
-        fmt = replace(fmt, sparsity="unstructured")
+    if fmt.sparsity == Sparsity.TWO_FOUR and fmt.name not in FORMATS:
+        fmt = replace(fmt, sparsity=Sparsity.BITMASK)
     return fmt
 
 

@@ -6,7 +6,8 @@ so nothing is re-quantized. Every packed row is padded to `kp` columns (a multip
 the int4 group) so the kernels have no tail loops.
 
 A format name is a layout (kernels/layouts.py `LAYOUTS`: the declarations, each with its
-properties, packers and NumPy decoder) and its options: "sparse_int4_g32_a8" is the bitmask int4
+properties, packers and NumPy decoder, and `FormatSpec`) and its options, in the grammar of
+sparsellm/weight_format.py (`format_name`): "sparse_int4_g32_a8" is the bitmask int4
 layout with groups of 32 columns and int8 activations. `FORMATS` lists every name;
 `parse_format` answers what a name means (`FormatSpec`), so code asks it and never parses names.
 `_a8` formats quantize activations per token to int8 (dynamic, symmetric) and use integer dot
@@ -20,58 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from .layouts import LAYOUTS, SPARSITY_PREFIXES, Layout, Sparsity, pad_cols
+from ..weight_format import SPARSITY_PREFIXES, format_name
+from .layouts import COL_ALIGN, LAYOUTS, FormatSpec, pad_cols
 
-COL_ALIGN = 64
+__all__ = ["COL_ALIGN", "FORMATS", "FormatSpec", "PackedWeight", "dense_twin", "float_format",
+           "pack", "pack_quantized", "packed_nbytes", "padded_cols", "parse_format"]
+
 # Bumped whenever a packed layout changes: cached converted weights of an older layout are stale.
 LAYOUT_VERSION = 1
 KV_SCALE_BYTES = 4  # an int8 KV-cache row: head_dim values, then their float32 scale
-
-
-@dataclass(frozen=True)
-class FormatSpec:
-    """What a format name means: its layout and options."""
-
-    name: str
-    layout: Layout
-    act_int8: bool = False  # per-token int8 activations (`_a8`)
-    group: int = 0  # int4 group size (`_g{group}`; q4_k: 32), 0 for per-row scales or none
-    asym: bool = False  # int4 zero points (`_asym`)
-    dense_twin: str = ""  # the dense format with the same values and activations (see dense_twin)
-
-    @property
-    def kind(self) -> str:
-        """The layout's name stem: "fp32", "int8", "int4", "sparse_int8", "2:4_int8", ..."""
-        return self.layout.kind
-
-    @property
-    def bits(self) -> int:
-        """Bits of one stored weight value (32, 16, 8, 4)."""
-        return self.layout.bits
-
-    @property
-    def is_float(self) -> bool:
-        """Float values (fp32, fp16, bf16, sparse_fp32); else integers times scales."""
-        return self.layout.is_float
-
-    @property
-    def sparsity(self) -> Sparsity | None:
-        return self.layout.sparsity
-
-    @property
-    def sparse(self) -> bool:
-        """Weights outside a mask are dropped (bitmask or 2:4); packing takes a mask."""
-        return self.layout.sparsity is not None
-
-    @property
-    def col_align(self) -> int:
-        """Packed rows are padded to a multiple of this many columns."""
-        return max(COL_ALIGN, self.group, self.layout.superblock)
-
-    @property
-    def native_format(self) -> str:
-        """The C++ format it runs as (csrc/include/formats.h kFmtTraits)."""
-        return self.layout.native_format
 
 
 def _format_specs() -> tuple[dict[str, FormatSpec], tuple[str, ...]]:
@@ -82,15 +40,14 @@ def _format_specs() -> tuple[dict[str, FormatSpec], tuple[str, ...]]:
         for group in layout.groups or (layout.group,):
             for asym in (False, True) if layout.asym else (False,):
                 for act_int8 in layout.act_int8:
-                    options = (f"_g{group}" if layout.groups else "") + \
-                        ("_asym" if asym else "") + \
-                        ("_a8" if act_int8 else "")
-                    prefixes = SPARSITY_PREFIXES[layout.sparsity]
-                    names.append(prefixes[0] + layout.values + options)
-                    for prefix in prefixes:
-                        name = prefix + layout.values + options
+                    parts = (layout.values, layout.sparsity, group if layout.groups else 0,
+                             asym, act_int8)
+                    names.append(format_name(*parts))
+                    for prefix in range(len(SPARSITY_PREFIXES[layout.sparsity])):
+                        name = format_name(*parts, prefix=prefix)
                         specs[name] = FormatSpec(name, layout, act_int8, group, asym,
-                                                 dense_twin=layout.values + options)
+                                                 dense_twin=format_name(parts[0], None,
+                                                                        *parts[2:]))
     return specs, tuple(names)
 
 

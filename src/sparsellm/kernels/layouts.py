@@ -34,27 +34,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from ..dtypes import BFLOAT16
+from ..weight_format import Sparsity, format_name
 
-if TYPE_CHECKING:
-    from .formats import FormatSpec, PackedWeight
+__all__ = ["COL_ALIGN", "LAYOUTS", "FormatSpec", "Layout", "Packed", "Sparsity", "pad_cols"]
 
+COL_ALIGN = 64  # packed rows are padded to a multiple of this many columns (at least)
 ROW_BLOCK = 16  # rows per block of the int8_a8 layout
 _VALUE_PAD = 64  # bytes after sparse values: SIMD kernels may read up to 32 bytes past the end
 
 Arrays = dict[str, np.ndarray]
-
-
-class Sparsity(StrEnum):
-    """Which weights a sparse layout keeps (dense layouts: None)."""
-
-    BITMASK = "bitmask"  # any: one mask bit per column
-    TWO_FOUR = "2:4"  # at most 2 of every 4 columns
 
 
 @dataclass(frozen=True)
@@ -69,11 +62,11 @@ class Layout:
     # Floats -> arrays: (w (out, kp) fp32 zero-padded, mask (out, kp) or None, spec).
     pack: Callable[[np.ndarray, np.ndarray | None, FormatSpec], Arrays]
     nbytes: Callable[[int, int, FormatSpec, float], int]  # (out, kp, spec, density) -> bytes
-    decode: Callable[[PackedWeight], np.ndarray]  # -> the fp32 (out, kp) the kernels multiply
+    decode: Callable[[Packed], np.ndarray]  # -> the fp32 (out, kp) the kernels multiply
     # Exact integers -> arrays: (q (out, in), scale, zero_point, mask (out, kp) or None, spec,
     # kp); None for float layouts.
     pack_ints: Callable[..., Arrays] | None = None
-    int_rows: Callable[[PackedWeight], np.ndarray] | None = None  # per-row int8: q (out, kp)
+    int_rows: Callable[[Packed], np.ndarray] | None = None  # per-row int8: q (out, kp)
     sparsity: Sparsity | None = None
     act_int8: tuple[bool, ...] = (False,)  # activations it runs with: False fp32, True int8 (_a8)
     groups: tuple[int, ...] = ()  # int4 group sizes (one scale per group of columns)
@@ -85,12 +78,64 @@ class Layout:
     @property
     def kind(self) -> str:
         """"int8", "sparse_int4", "2:4_int8", ...: the name stem (`FormatSpec.kind`)."""
-        return SPARSITY_PREFIXES[self.sparsity][0] + self.values
+        return format_name(self.values, self.sparsity)
 
 
-# Name prefix of each sparsity: the first one is the name in FORMATS, others are accepted too.
-SPARSITY_PREFIXES = {None: ("",), Sparsity.BITMASK: ("sparse_",),
-                     Sparsity.TWO_FOUR: ("2:4_", "sparse24_")}
+@dataclass(frozen=True)
+class FormatSpec:
+    """What a format name means: its layout and options (kernels/formats.py `parse_format`)."""
+
+    name: str
+    layout: Layout
+    act_int8: bool = False  # per-token int8 activations (`_a8`)
+    group: int = 0  # int4 group size (`_g{group}`; q4_k: 32), 0 for per-row scales or none
+    asym: bool = False  # int4 zero points (`_asym`)
+    dense_twin: str = ""  # the dense format with the same values and activations (see dense_twin)
+
+    @property
+    def kind(self) -> str:
+        """The layout's name stem: "fp32", "int8", "int4", "sparse_int8", "2:4_int8", ..."""
+        return self.layout.kind
+
+    @property
+    def bits(self) -> int:
+        """Bits of one stored weight value (32, 16, 8, 4)."""
+        return self.layout.bits
+
+    @property
+    def is_float(self) -> bool:
+        """Float values (fp32, fp16, bf16, sparse_fp32); else integers times scales."""
+        return self.layout.is_float
+
+    @property
+    def sparsity(self) -> Sparsity | None:
+        return self.layout.sparsity
+
+    @property
+    def sparse(self) -> bool:
+        """Weights outside a mask are dropped (bitmask or 2:4); packing takes a mask."""
+        return self.layout.sparsity is not None
+
+    @property
+    def col_align(self) -> int:
+        """Packed rows are padded to a multiple of this many columns."""
+        return max(COL_ALIGN, self.group, self.layout.superblock)
+
+    @property
+    def native_format(self) -> str:
+        """The C++ format it runs as (csrc/include/formats.h kFmtTraits)."""
+        return self.layout.native_format
+
+
+class Packed(Protocol):
+    """What a layout's decoder reads of a packed weight (kernels/formats.py `PackedWeight`)."""
+
+    shape: tuple[int, int]
+    kp: int
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def spec(self) -> FormatSpec: ...
 
 
 # ----------------------------------------------------------------------------------------------
@@ -172,7 +217,7 @@ def _bitmask_layout(values: np.ndarray, mask: np.ndarray) -> Arrays:
             "mask": np.packbits(mask, axis=1, bitorder="little"), "row_off": row_off}
 
 
-def _unpack_bitmask(p: PackedWeight, values: np.ndarray) -> np.ndarray:
+def _unpack_bitmask(p: Packed, values: np.ndarray) -> np.ndarray:
     """Scatter the kept values back to a dense (out, kp) matrix."""
     mask = np.unpackbits(p.arrays["mask"], axis=1, bitorder="little").astype(bool)
     dense = np.zeros(mask.shape, dtype=values.dtype)
@@ -199,7 +244,7 @@ def _nibble_stream_layout(q: np.ndarray, mask: np.ndarray) -> Arrays:
             "row_off": np.ascontiguousarray(word_off[:: kp // 64])}
 
 
-def _unpack_nibble_stream(p: PackedWeight) -> np.ndarray:
+def _unpack_nibble_stream(p: Packed) -> np.ndarray:
     """Each 64-column mask word's kept nibbles start on a byte; a row's first word at row_off."""
     mask = np.unpackbits(p.arrays["mask"], axis=1, bitorder="little").astype(bool)
     out, kp = mask.shape
@@ -228,7 +273,7 @@ def _row_blocks_layout(q: np.ndarray, scale: np.ndarray) -> Arrays:
     return {"data": data.reshape(out16, kp), "scale": sp}
 
 
-def _unpack_row_blocks(p: PackedWeight) -> np.ndarray:
+def _unpack_row_blocks(p: Packed) -> np.ndarray:
     """The inverse of _row_blocks_layout's data: (out, kp) int8."""
     out16, kp = p.arrays["data"].shape
     q = p.arrays["data"].reshape(out16 // ROW_BLOCK, kp // 4, ROW_BLOCK, 4).transpose(0, 2, 1, 3)
@@ -257,7 +302,7 @@ def _sparse24_layout(q: np.ndarray, mask: np.ndarray) -> Arrays:
             "meta": np.ascontiguousarray(meta, dtype=np.uint64)}
 
 
-def _unpack_sparse24(p: PackedWeight) -> np.ndarray:
+def _unpack_sparse24(p: Packed) -> np.ndarray:
     out, kp = p.shape[0], p.kp
     nb = kp // 64
     vals = p.arrays["data"].reshape(out, nb, 4, 8)
@@ -282,11 +327,11 @@ def _float_nbytes(out: int, kp: int, s: FormatSpec, density: float) -> int:
     return out * kp * s.bits // 8
 
 
-def _decode_fp16(p: PackedWeight) -> np.ndarray:
+def _decode_fp16(p: Packed) -> np.ndarray:
     return p.arrays["data"].view(np.float16).astype(np.float32)
 
 
-def _decode_bf16(p: PackedWeight) -> np.ndarray:
+def _decode_bf16(p: Packed) -> np.ndarray:
     return (p.arrays["data"].astype(np.uint32) << 16).view(np.float32)
 
 
@@ -306,7 +351,7 @@ def _int8_ints(q: np.ndarray, scale: np.ndarray, s: FormatSpec, kp: int
     return pad_cols(q.astype(np.int8), kp), scale.reshape(out).copy()
 
 
-def _decode_int8_rows(p: PackedWeight) -> np.ndarray:
+def _decode_int8_rows(p: Packed) -> np.ndarray:
     q = p.spec.layout.int_rows(p)
     return q.astype(np.float32) * p.arrays["scale"][:p.shape[0], None]
 
@@ -408,7 +453,7 @@ def _int4_nbytes(out: int, kp: int, s: FormatSpec, density: float) -> int:
     return out * (kp // 2 + kp // s.group * (5 if s.asym else 4))
 
 
-def _decode_int4(p: PackedWeight) -> np.ndarray:
+def _decode_int4(p: Packed) -> np.ndarray:
     a, out, G = p.arrays, p.shape[0], p.spec.group
     b = a["data"].reshape(out, -1, 1, 16)
     q = np.concatenate([b & 15, b >> 4], axis=2).reshape(out, p.kp).astype(np.float32)
@@ -430,7 +475,7 @@ def _pack_sparse_int4_ints(q, scale, zero_point, mask, s, kp) -> Arrays:
             "scale": sc}
 
 
-def _decode_sparse_int4(p: PackedWeight) -> np.ndarray:
+def _decode_sparse_int4(p: Packed) -> np.ndarray:
     out, G = p.shape[0], p.spec.group
     q = _unpack_nibble_stream(p).astype(np.float32)
     return (q.reshape(out, -1, G) * p.arrays["scale"][..., None]).reshape(out, p.kp)
@@ -496,7 +541,7 @@ def _q4_k_nbytes(out: int, kp: int, s: FormatSpec, density: float) -> int:
     return out * (kp // 2 + kp // _SUPERBLOCK * (8 + 16))
 
 
-def _decode_q4_k(p: PackedWeight) -> np.ndarray:
+def _decode_q4_k(p: Packed) -> np.ndarray:
     a, out = p.arrays, p.shape[0]
     b = a["data"].reshape(out, -1, 1, 16)
     q = np.concatenate([b & 15, b >> 4], axis=2).reshape(out, -1, 8, 32).astype(np.float32)

@@ -29,13 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from .formats import QuantizedTensor, WeightFormat
+from ..weight_format import CT_SPARSITY_FORMATS
+from .formats import QuantizedTensor, Sparsity, WeightFormat
 from .lazy import LazyTensors
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_QUANT_FORMATS = ("int-quantized", "naive-quantized", "pack-quantized", "dense")
-SUPPORTED_SPARSITY_FORMATS = ("sparse-bitmask", "dense")
+SUPPORTED_SPARSITY_FORMATS = CT_SPARSITY_FORMATS
 BITMASK_PARTS = ("shape", "compressed", "bitmask", "row_offsets")
 # A dense-stored weight is recorded as sparse when this fraction of it is exactly zero (a dense
 # trained weight practically never has exact zeros).
@@ -102,17 +103,17 @@ def _is_24(zero: np.ndarray) -> bool:
                 (zero.reshape(zero.shape[0], -1, 4).sum(-1) >= 2).all())
 
 
-def mask_structure(keep: np.ndarray) -> str:
-    """Structure of a stored keep mask (a measured fact): '2:4' or 'unstructured'."""
-    return "2:4" if _is_24(~keep) else "unstructured"
+def mask_structure(keep: np.ndarray) -> Sparsity:
+    """Structure of a stored keep mask (a measured fact): 2:4 or unstructured (a bitmask)."""
+    return Sparsity.TWO_FOUR if _is_24(~keep) else Sparsity.BITMASK
 
 
-def measured_structure(zero: np.ndarray) -> str | None:
-    """'2:4' if every group of 4 consecutive weights of a row has >= 2 zeros, 'unstructured' if
+def measured_structure(zero: np.ndarray) -> Sparsity | None:
+    """2:4 if every group of 4 consecutive weights of a row has >= 2 zeros, unstructured if
     at least MEASURED_SPARSITY_MIN of the weights are zero, else None."""
     if _is_24(zero):
-        return "2:4"
-    return "unstructured" if zero.mean() >= MEASURED_SPARSITY_MIN else None
+        return Sparsity.TWO_FOUR
+    return Sparsity.BITMASK if zero.mean() >= MEASURED_SPARSITY_MIN else None
 
 
 # ---- config -------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Declared weight formats: how each tensor of a checkpoint is stored and should be run.
 
 A format is declared by the checkpoint (compressed-tensors `quantization_config` /
-`sparsity_config` in config.json); it is never guessed from a file name. `WeightFormat.name` is
-the native kernel format that runs it (see `sparsellm.kernels.FORMATS`).
+`sparsity_config` in config.json); it is never guessed from a file name. `WeightFormat` (and
+its name grammar, shared with the kernels) is the ground floor's, sparsellm/weight_format.py.
 """
 
 from __future__ import annotations
@@ -11,30 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..weight_format import Sparsity, WeightFormat
 
-@dataclass(frozen=True)
-class WeightFormat:
-    bits: int = 32  # 32 = float; 8 or 4 = integer weights
-    group_size: int | None = None  # None = one scale per output channel
-    symmetric: bool = True  # False = a zero point per group/channel
-    activation_bits: int | None = None  # 8 = dynamic per-token int8 activations (W8A8)
-    sparsity: str | None = None  # None | "unstructured" | "2:4"
-    superblock: int | None = None  # 256: llama.cpp's K-quant form (group scales and mins in
-    # 6 bits per superblock of columns), only as Q4_K ("q4_k")
-
-    @property
-    def name(self) -> str:
-        base = "fp32" if self.bits == 32 else f"int{self.bits}"
-        if self.superblock:
-            base = f"q{self.bits}_k"
-        elif self.group_size:
-            base += f"_g{self.group_size}"
-        if self.bits < 32 and not self.symmetric and not self.superblock:
-            base += "_asym"
-        if self.activation_bits:
-            base += f"_a{self.activation_bits}"
-        return f"sparse_{base}" if self.sparsity == "unstructured" else \
-            f"{self.sparsity}_{base}" if self.sparsity else base
+__all__ = ["DENSE_FP32", "QuantizedTensor", "Sparsity", "WeightFormat"]
 
 
 DENSE_FP32 = WeightFormat()
