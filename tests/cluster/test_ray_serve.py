@@ -1,13 +1,18 @@
 """The Ray Serve application (`sparsellm.cluster.serve:app`) on a local Ray instance: two
 replicas of one thread each behind the router, driven by the `openai` client from concurrent
 threads, answer exactly as one process does; both replicas serve; /metrics shows each replica;
-killing a replica under load loses no request without a retryable, OpenAI-shaped error, and
-Serve brings the replica back."""
+killing a replica under load loses no request: every non-streamed request and every stream that
+had not sent an event is retried on the other replica and answers as one process does, a stream
+already under way ends with an OpenAI-shaped error event, and Serve brings the replica back."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import threading
 import time
+import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -28,6 +33,9 @@ pytestmark = pytest.mark.slow  # a Ray instance, replicas and workers to start
 PROMPTS = [f"{w} {i}" for i, w in enumerate(["def f(x):", "import os", "class A:", "x = [1,",
                                              "for i in", "# note", "print(", "return"] * 3)]
 APP = "sparsellm"
+SHORT, LONG, LONGEST = 16, 64, 384  # tokens of the plain tests' completions, the kill test's
+KILL_LOAD = [(PROMPTS[i % len(PROMPTS)], LONG if i % 2 else LONGEST, i % 2 == 1)
+             for i in range(32)]  # the kill test's (prompt, tokens, streamed)
 
 
 @pytest.fixture(scope="module")
@@ -42,33 +50,37 @@ def deployment(ray_cluster, tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
-def single_process(tiny_llama_dir):
-    """Greedy completions of PROMPTS from the server's app in this process."""
+def single_process(tiny_llama_dir) -> dict[tuple[str, int], str]:
+    """Greedy completions from the server's app in this process: {(prompt, tokens): text} of
+    PROMPTS in SHORT tokens and of the kill test's requests."""
     import asyncio
 
-    async def run() -> list[str]:
+    async def run() -> dict[tuple[str, int], str]:
         server = LocalServer(ServerConfig(endpoints=[{"model": str(tiny_llama_dir),
                                                       "name": "tiny"}]))
         await server.start()
+        texts = {}
         try:
-            replies = [await server.request("POST", "/v1/completions", _body(p))
-                       for p in PROMPTS]
+            for key in [*((p, SHORT) for p in PROMPTS), *((p, t) for p, t, _ in KILL_LOAD)]:
+                if key not in texts:
+                    reply = await server.request("POST", "/v1/completions", _body(*key))
+                    texts[key] = reply.json()["choices"][0]["text"]
         finally:
             server.stop()
-        return [r.json()["choices"][0]["text"] for r in replies]
+        return texts
 
     return asyncio.run(run())
 
 
-def _body(prompt: str) -> dict:
-    return {"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0,
-            "ignore_eos": True}
+def _body(prompt: str, tokens: int = SHORT, stream: bool = False) -> dict:
+    return {"model": "tiny", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+            "ignore_eos": True, "stream": stream}
 
 
 def complete(url: str, prompt: str, stream: bool = False) -> tuple[str, str | None]:
     """(text, replica that answered) of a greedy completion through the openai client."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    args = dict(model="tiny", prompt=prompt, max_tokens=16, temperature=0,
+    args = dict(model="tiny", prompt=prompt, max_tokens=SHORT, temperature=0,
                 extra_body={"ignore_eos": True})
     if stream:
         raw = client.completions.with_raw_response.create(stream=True, **args)
@@ -95,8 +107,9 @@ def test_two_replicas_answer_as_one_process(deployment, single_process):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         plain = list(pool.map(lambda p: complete(deployment, p), PROMPTS))
         streamed = list(pool.map(lambda p: complete(deployment, p, True), PROMPTS))
-    assert [text for text, _ in plain] == single_process
-    assert [text for text, _ in streamed] == single_process
+    expected = [single_process[p, SHORT] for p in PROMPTS]
+    assert [text for text, _ in plain] == expected
+    assert [text for text, _ in streamed] == expected
     replicas = {r for _, r in plain + streamed}
     assert len(replicas) == 2 and None not in replicas
 
@@ -120,41 +133,100 @@ def test_health_errors_and_metrics_of_each_replica(deployment):
     assert text.count("# TYPE sparsellm_requests_total counter") == 1
 
 
-def test_killing_a_replica_under_load(deployment, ray_cluster):
-    """Every request completes or gets a retryable error in OpenAI's shape (a 503, or an error
-    event ending a stream); Serve then runs two replicas again."""
-    victim = complete(deployment, "warm up")[1]
+@dataclass
+class Outcome:
+    """One request of the kill test, as its client saw it."""
+    stream: bool
+    status: int
+    replica: str | None
+    retried: int  # replicas that died before answering it (the router's x-sparsellm-retried)
+    text: str  # the completion, or what a cut stream had sent
+    error: dict | None = None  # a stream's error event, or a status's error body
+    events: int = 0  # a stream's completion chunks
 
-    def kill() -> None:
-        time.sleep(0.5)
+
+def test_killing_a_replica_under_load(deployment, ray_cluster, single_process, capsys):
+    """32 requests at once: 16 streamed of 64 tokens, 16 non-streamed of 384 (seconds of work
+    for each replica's 4 slots, so the victim still holds some when the kill comes); once 4
+    requests have finished (Serve has handed out the rest) and a stream from one replica is
+    under way, that replica is killed. Every non-streamed request and every stream that had
+    not sent an event completes with the single-process text (on the other replica, when it
+    was the dead one's: the router's retry, counted by x-sparsellm-retried); a stream the dead
+    replica had started ends with an OpenAI-shaped error event after a prefix of that text.
+    At least one request was retried. Serve then runs two replicas again."""
+    victim = complete(deployment, "warm up")[1]
+    under_way = threading.Event()  # 4 requests are done, a stream from the victim under way
+
+    def kill() -> int:
+        under_way.wait(timeout=300)  # else the kill comes late, and the count check says so
         ray_cluster.kill(ray_cluster.get_actor(f"SERVE_REPLICA::{APP}#ModelReplica#{victim}",
                                                namespace="serve"), no_restart=False)
+        return sum(1 for o in outcomes if o is not None)
 
-    def request(i: int) -> tuple[str, object]:
-        body = {"model": "tiny", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 64,
-                "temperature": 0, "ignore_eos": True, "stream": i % 2 == 1}
-        with httpx.Client(timeout=60) as client:
-            r = client.post(deployment + "/v1/completions", json=body)
-        if r.status_code != 200:
-            return "status", (r.status_code, r.json())
-        if body["stream"]:
-            events = [line.removeprefix("data: ") for line in r.text.split("\n\n") if line]
-            assert events[-1] == "[DONE]"
-            errors = [e for e in events if e.startswith('{"error"')]
-            return ("error event", errors) if errors else ("ok", None)
-        return "ok", r.json()["choices"][0]["text"]
+    def request(i: int) -> Outcome:
+        body = _body(*KILL_LOAD[i])
+        stream = body["stream"]
+        with httpx.Client(timeout=600) as client, \
+                client.stream("POST", deployment + "/v1/completions", json=body) as r:
+            outcome = Outcome(stream, r.status_code, r.headers.get("x-sparsellm-replica"),
+                              int(r.headers.get("x-sparsellm-retried", "0")), "")
+            if r.status_code != 200 or not stream:
+                data = json.loads(r.read())
+                if r.status_code != 200:
+                    outcome.error = data
+                else:
+                    outcome.text = data["choices"][0]["text"]
+                outcomes[i] = outcome
+                return outcome
+            events = []
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line.removeprefix("data: "))
+                if events[-1] == "[DONE]":
+                    break
+                event = json.loads(events[-1])
+                if "error" in event:
+                    outcome.error = event
+                else:
+                    outcome.text += event["choices"][0]["text"]
+                    outcome.events += 1
+                    if outcome.replica == victim and sum(o is not None for o in outcomes) >= 4:
+                        under_way.set()
+            assert events[-1] == "[DONE]", f"request {i}: the stream ended without [DONE]"
+        outcomes[i] = outcome
+        return outcome
 
-    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+    outcomes: list[Outcome | None] = [None] * 32
+    with concurrent.futures.ThreadPoolExecutor(33) as pool:
         killed = pool.submit(kill)
         results = list(pool.map(request, range(32)))
-        killed.result()  # the kill itself raised nothing
-    for kind, detail in results:
-        if kind == "status":
-            status, body = detail
-            assert status == 503 and body["error"]["type"] == "service_unavailable"
-        elif kind == "error event":
-            assert all('"service_unavailable"' in e for e in detail)
-    assert sum(kind == "ok" for kind, _ in results) >= 16
+        finished_before_kill = killed.result()  # the kill itself raised nothing
+    retried = [i for i, o in enumerate(results) if o.retried]
+    cut = [i for i, o in enumerate(results) if o.error is not None]
+    report = (f"replica kill under load: {len(retried)} of 32 requests retried on another "
+              f"replica ({sum(o.retried for o in results)} dead replicas met), {len(cut)} "
+              f"started streams ended with an error event; the kill came after "
+              f"{finished_before_kill} had finished; answered by the killed replica "
+              f"{sum(o.replica == victim for o in results)}, by the other "
+              f"{sum(o.replica != victim for o in results)}")
+    with capsys.disabled():
+        print("\n" + report)
+    for i, (o, (prompt, tokens, _)) in enumerate(zip(results, KILL_LOAD, strict=True)):
+        want = single_process[prompt, tokens]
+        assert o.status == 200, (i, o, report)
+        if o.error is None:  # a request that had not started streaming completed in full
+            assert o.text == want and o.replica is not None, (i, o, report)
+            assert not o.retried or o.replica != victim, (i, o, report)
+            continue
+        # only a stream the dead replica had started may end early, with an error event in
+        # OpenAI's shape after at least one chunk of the single-process text
+        assert o.stream and o.replica == victim and o.events >= 1, (i, o, report)
+        assert set(o.error["error"]) == {"message", "type", "param", "code"}, (i, o)
+        assert o.error["error"]["type"] == "service_unavailable", (i, o)
+        assert want.startswith(o.text), (i, o, report)
+    assert retried, f"no request was retried: {report}"
+    assert finished_before_kill < 32, report
     # Serve notices the death at its next health check (every 10 s) and starts a replacement
     # (4-12 s here); until the router routes to it, the survivor answers everything
     deadline = time.monotonic() + 180
@@ -173,6 +245,62 @@ def test_killing_a_replica_under_load(deployment, ray_cluster):
         labels = {line.split('"')[1] for line in text.splitlines()
                   if line.startswith('sparsellm_requests_total{replica="')}
     assert labels == answered_by
+
+
+class _DyingReplicas:
+    """A stand-in for the router's handle: the first `deaths` calls die before answering (or,
+    with `after_start`, between the reply's start and its body), the others answer."""
+
+    def __init__(self, deaths: int, after_start: bool = False):
+        self.deaths, self.after_start, self.calls = deaths, after_start, 0
+
+    def remote(self, method: str, path: str, body: bytes, headers: dict) -> object:
+        self.calls += 1
+        dies = self.calls <= self.deaths
+        after_start = self.after_start
+
+        async def messages():
+            from ray.exceptions import ActorDiedError
+            if dies and not after_start:
+                raise ActorDiedError()
+            yield {"type": "http.response.start", "status": 200,
+                   "headers": [(b"content-type", b"application/json")]}
+            if dies:
+                raise ActorDiedError()
+            yield {"type": "http.response.body", "body": b'{"ok": true}', "more_body": False}
+
+        return messages()
+
+
+@pytest.mark.parametrize("deaths, after_start, status, retried", [
+    (0, False, 200, None), (1, False, 200, "1"), (3, True, 200, "3"), (4, False, 503, "4")])
+def test_the_router_retries_a_request_whose_replica_died_before_answering(
+        deaths, after_start, status, retried):
+    """Up to RETRIES replicas may die before answering: the request goes to the next one and
+    the answer says how many died (x-sparsellm-retried); one more is a 503 in OpenAI's shape."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from sparsellm.cluster.serve import RETRIES, Router
+
+    assert RETRIES == 3
+    router = types.SimpleNamespace(replicas=_DyingReplicas(deaths, after_start))
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    request = Request({"type": "http", "method": "POST", "path": "/v1/completions",
+                       "headers": [], "query_string": b""}, receive)
+    response = asyncio.run(Router.func_or_class.forward(router, request, "v1/completions"))
+    assert response.status_code == status
+    assert response.headers.get("x-sparsellm-retried") == retried
+    assert router.replicas.calls == min(deaths, RETRIES + 1) + (status == 200)
+    if status == 503:
+        assert json.loads(response.body)["error"]["type"] == "service_unavailable"
+        assert response.headers["retry-after"] == "2"
+    else:
+        assert response.body == b'{"ok": true}'
 
 
 @pytest.mark.parametrize("args, message", [

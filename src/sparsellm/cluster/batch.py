@@ -1,10 +1,14 @@
 """`sparsellm batch --ray`: the rows fanned out over a Ray cluster with Ray Data, one engine per
 worker (an actor holding a `LocalServer`), results handed back in input order.
 
-A worker that dies is restarted and its rows run again (Ray Data's actors restart and retry
-their tasks by default; one that keeps failing to start fails the run), so no row is lost. The
-driver writes each record as it arrives, so a driver that dies leaves a valid prefix that the
-next run skips (`server.batch.run_batch`).
+A worker that dies (its process killed, its node gone) is restarted, its engine loaded again,
+and the blocks of rows it had not handed back run again on it: Ray Data's actor pool asks Ray
+for that by default (`max_restarts=-1`, `max_task_retries=-1`; `map_batches` would take other
+values only through its deprecated `ray_remote_args`) and hands each block's records to the
+driver once, in input order, so a row the dead worker had begun is neither lost nor written
+twice (`tests/cluster/test_ray_batch.py` kills a worker mid-run). A worker that keeps failing
+to start fails the run. The driver writes each record as it arrives, so a driver that dies
+leaves a valid prefix that the next run skips (`server.batch.run_batch`).
 """
 
 from __future__ import annotations

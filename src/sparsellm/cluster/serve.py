@@ -13,10 +13,12 @@ by the same code with the same errors (`server/options.py`; the engine settings'
 
 Two deployments: `Router`, the HTTP ingress (no CPU of its own), forwards each request to a
 `ModelReplica`, which runs it through the server's app in its process (`LocalServer`) and
-streams the ASGI messages back. A replica that dies before answering is replaced by Serve and the
-request goes to another replica (up to `RETRIES` times, then a 503 in OpenAI's shape with
-Retry-After); one that dies in the middle of a stream ends that stream with an error event.
-Responses carry `x-sparsellm-replica`: the replica that answered.
+streams the ASGI messages back. A replica that dies before sending a byte of its answer (every
+non-streamed request, a stream before its first event) is replaced by Serve and the request
+goes to another replica (up to `RETRIES` times, then a 503 in OpenAI's shape with Retry-After);
+one that dies in the middle of a stream ends that stream with an error event in OpenAI's shape
+(`service_unavailable`), then `[DONE]`. Responses carry `x-sparsellm-replica`, the replica that
+answered, and `x-sparsellm-retried`, how many replicas died before it (when any did).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route's parameter types from the
@@ -43,10 +45,11 @@ from ..server.errors import error_bytes
 from ..server.local import LocalServer
 
 log = logging.getLogger("sparsellm.server")
-RETRIES = 3  # replicas tried for one request whose replica died before answering
+RETRIES = 3  # times one request is sent again after its replica died before answering
 PUBLISH_SECONDS = 1.0  # how often a replica hands its metrics to the board
 STALE_SECONDS = 10.0  # a replica silent for longer (gone) leaves /metrics
 REPLICA_HEADER = "x-sparsellm-replica"
+RETRIED_HEADER = "x-sparsellm-retried"  # replicas that died before answering this request
 NOT_ARGS = {"host", "port", "drain_timeout"}  # Serve's own settings (http_options, shutdown)
 _REPLICA_GONE = (RayActorError, ActorDiedError, ActorUnavailableError)
 
@@ -203,18 +206,29 @@ class Router:
     async def forward(self, request: Request, path: str) -> Response:
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k != "content-length"}
-        for _ in range(RETRIES):
+        retried = 0  # replicas that died before sending a byte of this request's answer
+        while True:
             messages = self.replicas.remote(request.method, "/" + path, body, headers)
-            try:  # a non-streamed reply is these two messages: all of it or a retry
+            # a non-streamed reply is these two messages, a stream its start and first event:
+            # both arrived, or the replica died before the client saw a byte and we retry
+            try:
                 start, first = await anext(messages), await anext(messages)
-            except _REPLICA_GONE:
-                log.warning("a replica died before answering %s /%s; retrying on another",
-                            request.method, path)
+            except _REPLICA_GONE as e:
+                retried += 1
+                if retried > RETRIES:
+                    break
+                log.warning("a replica died before answering %s /%s (%s); retrying on another "
+                            "(%d of %d)", request.method, path, type(e).__name__, retried,
+                            RETRIES)
                 continue
+            if retried:
+                start = {**start, "headers": [*start.get("headers", []),
+                                              (RETRIED_HEADER.encode(), str(retried).encode())]}
             return _response(start, first, messages)
         return Response(error_bytes(503, "no replica could answer (replicas are restarting); "
                                          "retry shortly"), status_code=503,
-                        media_type="application/json", headers={"Retry-After": "2"})
+                        media_type="application/json",
+                        headers={"Retry-After": "2", RETRIED_HEADER: str(retried)})
 
 
 class _ArgumentError(ValueError):
