@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..models.compressed import measured_structure
+from ..models.ct_args import activation_args, scheme_args, weight_format
 from ..models.formats import QuantizedTensor, Sparsity, WeightFormat
 from .gptq import gptq_quantize
 from .magnitude import magnitude_prune
@@ -100,21 +101,16 @@ class SchemeOverride(Strict):
     output_activations: None = None
 
 
-def _w(bits: int, symmetric: bool = True, group_size: int | None = None) -> dict[str, Any]:
-    return {"num_bits": bits, "type": "int", "symmetric": symmetric,
-            "strategy": "group" if group_size else "channel", "group_size": group_size,
-            "dynamic": False}
-
-
-_A8 = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
-PRESET_SCHEMES: dict[str, dict[str, Any]] = {
-    "W8A8": {"weights": _w(8), "input_activations": _A8},
-    "INT8": {"weights": _w(8), "input_activations": _A8},
-    "W8A16": {"weights": _w(8)},
-    "W4A16": {"weights": _w(4, True, 128)},
-    "W4A16_ASYM": {"weights": _w(4, False, 128)},
-    "W4A8": {"weights": _w(4, True, 128), "input_activations": _A8},
-}
+# compressed-tensors' preset schemes, as the formats they declare (models/ct_args.py writes
+# their arguments)
+PRESET_SCHEMES: dict[str, dict[str, Any]] = {name: scheme_args(fmt) for name, fmt in {
+    "W8A8": WeightFormat(bits=8, activation_bits=8),
+    "INT8": WeightFormat(bits=8, activation_bits=8),
+    "W8A16": WeightFormat(bits=8),
+    "W4A16": WeightFormat(bits=4, group_size=128),
+    "W4A16_ASYM": WeightFormat(bits=4, group_size=128, symmetric=False),
+    "W4A8": WeightFormat(bits=4, group_size=128, activation_bits=8),
+}.items()}
 
 
 def preset_scheme(name: str, targets: list[str]) -> QuantizationScheme:
@@ -124,7 +120,7 @@ def preset_scheme(name: str, targets: list[str]) -> QuantizationScheme:
 
 
 # ---- quantization -------------------------------------------------------------------------------
-_DYNAMIC_A8 = QuantizationArgs(num_bits=8, symmetric=True, strategy="token", dynamic=True)
+_DYNAMIC_A8 = QuantizationArgs(**activation_args(WeightFormat(bits=8, activation_bits=8)))
 
 
 @dataclass(frozen=True)
@@ -138,9 +134,8 @@ class RoundToNearest(QuantStep):
     def weight_format(self, cols: int) -> WeightFormat:
         w = self.weights
         group = effective_group_size(cols, w.group_size) if w.strategy == "group" else None
-        act = self.input_activations.num_bits if self.input_activations else None
-        return WeightFormat(bits=w.num_bits, group_size=group, symmetric=w.symmetric,
-                            activation_bits=act)
+        acts = self.input_activations
+        return weight_format(w.model_dump(), acts.model_dump() if acts else None, group)
 
     def quantize(self, w: np.ndarray, h: np.ndarray | None, fmt: WeightFormat,
                  keep: np.ndarray | None) -> QuantizedTensor:
@@ -153,7 +148,7 @@ class EmbeddingRows(RoundToNearest):
     vector gets its own scale, whatever the scheme's groups; activations stay float."""
 
     def weight_format(self, cols: int) -> WeightFormat:
-        return WeightFormat(bits=self.weights.num_bits, symmetric=self.weights.symmetric)
+        return weight_format(self.weights.model_dump(), None)
 
     def quantize(self, w: np.ndarray, h: np.ndarray | None, fmt: WeightFormat,
                  keep: np.ndarray | None) -> QuantizedTensor:

@@ -15,6 +15,7 @@ import numpy as np
 from ..atomic import atomic_folder, write_json_atomic
 from ..models.checkpoint import TENSOR_NAMES_KEY, Checkpoint
 from ..models.compressed import bitmask_compress, pack_int32
+from ..models.ct_args import activation_args, weight_args
 from ..models.decoder import EMBEDDING
 from ..models.formats import QuantizedTensor, Sparsity, WeightFormat
 from ..models.safetensors_io import write_safetensors
@@ -62,17 +63,14 @@ def _module(name: str) -> str:
     return name[: -len(".weight")]
 
 
-def weight_args(fmt: WeightFormat) -> dict[str, Any]:
-    return {"num_bits": fmt.bits, "type": "int", "symmetric": fmt.symmetric,
-            "strategy": "group" if fmt.group_size else "channel", "group_size": fmt.group_size,
-            "dynamic": False, "actorder": None, "observer": "minmax", "observer_kwargs": {},
-            "block_structure": None}
-
-
-def activation_args(bits: int) -> dict[str, Any]:
-    return {"num_bits": bits, "type": "int", "symmetric": True, "strategy": "token",
-            "group_size": None, "dynamic": True, "actorder": None, "observer": None,
-            "observer_kwargs": {}, "block_structure": None}
+def scheme(fmt: WeightFormat) -> dict[str, Any]:
+    """A config group's `weights` and `input_activations` (models/ct_args.py's, with the keys
+    compressed-tensors writes beside them)."""
+    acts = activation_args(fmt)
+    return {"weights": {**weight_args(fmt), "actorder": None, "observer": "minmax",
+                        "observer_kwargs": {}, "block_structure": None},
+            "input_activations": acts and {**acts, "actorder": None, "observer": None,
+                                           "observer_kwargs": {}, "block_structure": None}}
 
 
 def encode_tensor(model: CompressedModel, name: str) -> dict[str, np.ndarray]:
@@ -146,8 +144,8 @@ def quantization_config(model: CompressedModel) -> dict[str, Any] | None:
         formats.add(fmt_name)
         config_groups[f"group_{i}"] = {
             "targets": sorted(names),
-            "weights": weight_args(WeightFormat(bits=bits, group_size=gs, symmetric=sym)),
-            "input_activations": activation_args(act) if act else None,
+            **scheme(WeightFormat(bits=bits, group_size=gs, symmetric=sym,
+                                  activation_bits=act)),
             "output_activations": None,
             "format": fmt_name,
         }
@@ -193,8 +191,9 @@ def _matrices(model: CompressedModel) -> dict[str, int]:
 def hf_config(source: Checkpoint) -> dict[str, Any]:
     """The source's config as an HF config.json (for a GGUF, the config its metadata maps to).
 
-    Tensors are always written under their canonical (Llama-style) names. For Llama-family
-    models those are the HF names, so the folder is a regular compressed-tensors checkpoint.
+    Tensors are always written under their canonical (Llama-style) names. For the families
+    whose HF names they are (`Architecture.canonical_hf_names`: Llama, Qwen3) the folder is a
+    regular compressed-tensors checkpoint.
     Other architectures get an explicit marker (TENSOR_NAMES_KEY) instead of their own names:
     compression formats are declared per canonical linear (q/k/v and gate/up are compressed and
     quantized separately, with their own scales and bitmasks), and writing the architecture's
@@ -203,7 +202,7 @@ def hf_config(source: Checkpoint) -> dict[str, Any]:
     no benefit to sparsellm; the loader skips the name map when it sees the marker."""
     config = {k: v for k, v in source.config.items()
               if k not in ("quantization_config", "compression_config", "sparsity_config")}
-    if source.architecture.name == "llama":
+    if source.architecture.canonical_hf_names:
         config.setdefault("hidden_act", "silu")
     else:
         config[TENSOR_NAMES_KEY] = "canonical"

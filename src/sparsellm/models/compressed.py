@@ -23,13 +23,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ..weight_format import CT_SPARSITY_FORMATS
+from .ct_args import weight_format
 from .formats import QuantizedTensor, Sparsity, WeightFormat
 from .lazy import LazyTensors
 
@@ -420,8 +421,8 @@ def _quantized_tensor(
     refusing parts whose shapes or values disagree with each other or with the scheme."""
     wargs, aargs = scheme["weights"], scheme.get("input_activations")
     name = module + ".weight"
-    bits = wargs.get("num_bits", 8)
-    symmetric = wargs.get("symmetric", True)
+    declared = weight_format(wargs, aargs)
+    bits, symmetric = declared.bits, declared.symmetric
     keep = None
     if module + ".weight_packed" in raw:
         if module + ".weight_shape" not in raw:
@@ -495,9 +496,7 @@ def _quantized_tensor(
         sparse = measured_structure(zero)
         if sparse:
             keep = ~zero
-    act = aargs.get("num_bits", 8) if aargs else None
-    fmt = WeightFormat(bits=bits, group_size=group_size, symmetric=symmetric,
-                       activation_bits=act, sparsity=sparse)
+    fmt = replace(declared, group_size=group_size, sparsity=sparse)
     return QuantizedTensor(q=q, scale=scale, zero_point=zp, format=fmt, mask=keep)
 
 
