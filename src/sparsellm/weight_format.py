@@ -11,7 +11,7 @@ run is kernels/formats.py `parse_format`'s answer (its `FORMATS` are written by 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -122,7 +122,10 @@ class WeightFormat:
         if m is None:
             raise ValueError(f"{name!r} declares no WeightFormat")
         if m["k"]:
-            return cls(bits=4, group_size=32, symmetric=False, superblock=256,
-                       activation_bits=8 if p.act_int8 else None, sparsity=p.sparsity)
+            return replace(Q4_K, activation_bits=8 if p.act_int8 else None, sparsity=p.sparsity)
         return cls(bits=int(m["bits"] or 32), group_size=p.group or None, symmetric=not p.asym,
                    activation_bits=8 if p.act_int8 else None, sparsity=p.sparsity)
+
+
+# llama.cpp's Q4_K: 4-bit values with 6-bit group scales and mins in superblocks of 256 columns
+Q4_K = WeightFormat(bits=4, group_size=32, symmetric=False, superblock=256)

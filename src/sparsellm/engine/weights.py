@@ -67,7 +67,8 @@ def dense_on_this_cpu(fmt: str) -> bool:
     not repay (kernels/bench.py at SmolLM2 shapes, 2 threads, Zen 3: 19-26 ms/token W4A16 g32
     bitmask, 8.7-8.8 dense; W4A8 18-19 and 6.9-8.6). Their prompts run level with dense int4
     (the same byte GEMM). The dense twin holds 25% more weight bytes."""
-    return parse_format(fmt).kind == "sparse_int4" and get_isa() != "avx512"
+    s = parse_format(fmt)
+    return s.sparsity is Sparsity.BITMASK and s.bits == 4 and get_isa() != "avx512"
 
 
 def declared_packed(checkpoint: Checkpoint, formats: dict[str, str]) -> dict[str, PackedWeight]:

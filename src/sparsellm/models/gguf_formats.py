@@ -20,11 +20,11 @@ from collections import Counter
 
 import numpy as np
 
+from ..weight_format import Q4_K
 from .formats import QuantizedTensor, WeightFormat
 
-INT8 = WeightFormat(bits=8)
-INT4_G32 = WeightFormat(bits=4, group_size=32)
-Q4_K = WeightFormat(bits=4, group_size=32, symmetric=False, superblock=256)
+INT8 = WeightFormat.from_name("int8")
+INT4_G32 = WeightFormat.from_name("int4_g32")
 # ggml type name -> the format it runs in
 DECLARED = {"Q4_0": INT4_G32, "Q4_K": Q4_K, **dict.fromkeys(
     ("Q8_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "Q6_K"), INT8)}
