@@ -6,10 +6,11 @@ rendered file is not what the records give (tests/test_docs_rendered.py runs it)
     python benchmarks/render.py            # rewrite the generated parts
     python benchmarks/render.py --check    # exit 1 if any is stale
 
-Only the newest record of each benchmark (and shape) on each CPU is shown: older ones are
-history, kept in git. Plots need matplotlib (`pip install ".[bench]"`); each SVG carries the
-hash of the record it was drawn from, which is what the check compares, so the check needs no
-matplotlib and does not depend on its exact bytes.
+Only the newest record of each benchmark (and shape) on each CPU is shown, and an older one
+while no newer one measured all its pairs: the others are history, kept in git. Plots need
+matplotlib (`pip install ".[bench]"`); each SVG carries the hash of the record it was drawn
+from, which is what the check compares, so the check needs no matplotlib and does not depend
+on its exact bytes.
 """
 
 from __future__ import annotations
@@ -51,9 +52,14 @@ def load(results: Path = RESULTS) -> list[dict]:
 
 
 def current(records: list[dict]) -> list[dict]:
-    """The newest record of each (CPU, benchmark, shape), oldest first."""
-    newest = {(r["machine"]["cpu"], r["benchmark"], r.get("shape")): r for r in records}
-    return sorted(newest.values(), key=lambda r: (r["date"], r["file"]))
+    """The records shown, oldest first: of each (CPU, benchmark, shape), the newest, and an
+    older one while no newer one measured every pair it did (a run of other pairs, e.g. the 7B
+    sparse pair timed apart, does not hide the one before)."""
+    records = sorted(records, key=lambda r: (r["date"], r["file"]))
+    key = lambda r: (r["machine"]["cpu"], r["benchmark"], r.get("shape"))  # noqa: E731
+    return [r for i, r in enumerate(records)
+            if not any(key(n) == key(r) and set(pairs_of(r)) <= set(pairs_of(n))
+                       for n in records[i + 1:])]
 
 
 def peer(system: str) -> str:
@@ -162,8 +168,16 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def plot_name(record: dict) -> str:
-    return f"img/peers-{slug(record['machine']['cpu'])}-{slug(record.get('shape') or '')}.svg"
+def plot_name(record: dict, shown: list[dict] | None = None) -> str:
+    """docs/-relative path of a peers record's plot; with another record of its CPU and shape
+    shown (`shown`), its pairs are in the name too."""
+    name = f"img/peers-{slug(record['machine']['cpu'])}-{slug(record.get('shape') or '')}"
+    twins = [r for r in shown or [] if r["benchmark"] == "peers"
+             and (r["machine"]["cpu"], r.get("shape")) ==
+             (record["machine"]["cpu"], record.get("shape"))]
+    if len(twins) > 1:
+        name += "-" + slug("-".join(pairs_of(record)))
+    return name + ".svg"
 
 
 def benchmarks_md(records: list[dict]) -> str:
@@ -179,7 +193,7 @@ def benchmarks_md(records: list[dict]) -> str:
             out += [f"#### {title}", "", f"{where(record)}; {provenance(record)}.", ""]
             out += TABLES.get(record["benchmark"], generic_table)(record)
             if record["benchmark"] == "peers":
-                out += ["", f"![tok/s per width, {title}]({plot_name(record)})"]
+                out += ["", f"![tok/s per width, {title}]({plot_name(record, shown)})"]
             out.append("")
     measured = {r["benchmark"] for r in records}
     missing = [b for b in BENCHMARKS if b not in measured]
@@ -237,16 +251,20 @@ def _newest(records: list[dict], benchmark: str, cpu: str, shape: str) -> dict |
 
 
 def _headline_7b(records: list[dict], cpu: str) -> str | None:
-    """One line under the table: decode at the Llama-2-7B shape on the same CPU."""
-    record = _newest(records, "peers", cpu, "llama-2-7b")
-    if record is None:
-        return None
+    """One line under the table: decode at the Llama-2-7B shape on the same CPU (every record
+    shown, each ratio from its own run)."""
+    shown = [r for r in current(records) if r["benchmark"] == "peers"
+             and r.get("shape") == "llama-2-7b" and r["machine"]["cpu"] == cpu]
     cells = [f"{pair} {num(ours['decode_tok_s'])} vs {num(theirs['decode_tok_s'])} "
              f"({peer(theirs['system'])} {theirs['weights']}, "
              f"**{ratio(ours['decode_tok_s'], theirs['decode_tok_s'])}**)"
-             for pair, ours, theirs in against_peers(record) if theirs.get("decode_tok_s")]
-    return (f"Llama-2-7B shape, decode tok/s ({record['rounds']} rounds, "
-            f"{record['date'][:10]}): " + "; ".join(cells) + ".") if cells else None
+             for record in shown for pair, ours, theirs in against_peers(record)
+             if theirs.get("decode_tok_s")]
+    if not cells:
+        return None
+    rounds = "/".join(sorted({str(r["rounds"]) for r in shown}))
+    dates = ", ".join(sorted({r["date"][:10] for r in shown}))
+    return f"Llama-2-7B shape, decode tok/s ({rounds} rounds, {dates}): " + "; ".join(cells) + "."
 
 
 def _headline_serving(records: list[dict], cpu: str) -> str | None:
@@ -326,8 +344,9 @@ def outputs(records: list[dict], root: Path = ROOT) -> dict[Path, Callable[[str]
 
 
 def plots(records: list[dict], root: Path = ROOT) -> dict[Path, dict]:
-    """Each plot -> the record it draws: the newest peers record per CPU and shape."""
-    return {root / "docs" / plot_name(r): r for r in current(records) if r["benchmark"] == "peers"}
+    """Each plot -> the record it draws: each peers record shown (current)."""
+    shown = current(records)
+    return {root / "docs" / plot_name(r, shown): r for r in shown if r["benchmark"] == "peers"}
 
 
 def check(root: Path = ROOT, results: Path = RESULTS) -> list[str]:

@@ -115,6 +115,17 @@ def test_only_the_newest_record_per_machine_and_benchmark_is_shown(tmp_path):
     assert "Serving, 16 concurrent streams against ik_llama.cpp's server (3 rounds, " \
         "2026-01-01): int8_a8 207.0 vs 90.0 tok/s (**2.30x**), first token p50 3.7 vs 3.7 s." \
         in headline
+    # a newer run of another pair does not hide the older one; one of the same pairs does
+    other = {**big, "date": "2026-03-01T00:00:00+00:00",
+             "rows": [{**r, "pair": "sparse_int8_a8"} for r in big["rows"]]}
+    (tmp_path / "e.json").write_text(json.dumps(other))
+    shown = render.current(render.load(tmp_path))
+    assert sorted(r["file"] for r in shown) == ["b.json", "c.json", "d.json", "e.json"]
+    assert sorted(p.name for p in render.plots(render.load(tmp_path), tmp_path)) == [
+        "peers-test-cpu-llama-2-7b-int4-g32.svg", "peers-test-cpu-llama-2-7b-sparse-int8-a8.svg",
+        "peers-test-cpu-tinyllama-1-1b.svg"]
+    assert "int4_g32 4.0 vs 3.2" in render.headline(render.load(tmp_path))
+    assert "sparse_int8_a8 4.0 vs 3.2" in render.headline(render.load(tmp_path))
 
 
 def test_the_readme_setup_commands_are_the_ones_ci_runs():
