@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..weight_format import CT_DENSE, CT_SPARSITY_FORMATS
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="registry name, GGUF file, HF folder or hf:org/name")
@@ -20,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default=None, help="split of a Hugging Face dataset")
     p.add_argument("--seed", type=int, default=0, help="sample-order seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output dir")
-    p.add_argument("--sparsity-format", choices=["dense", "sparse-bitmask"], default="dense",
+    p.add_argument("--sparsity-format", choices=CT_SPARSITY_FORMATS, default=CT_DENSE,
                    help="how pruned weights are stored: dense (zeros in place; loads in "
                    "transformers, vLLM and current compressed-tensors; the default) or "
                    "sparse-bitmask (smaller; sparsellm and compressed-tensors <= 0.12)")

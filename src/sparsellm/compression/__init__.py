@@ -19,6 +19,7 @@ from typing import Any
 
 from ..datasets import DatasetLike
 from ..models.checkpoint import Checkpoint
+from ..weight_format import CT_DENSE
 from .gptq import gptq_quantize
 from .magnitude import magnitude_mask, magnitude_prune, nm_mask
 from .modifiers import (
@@ -68,7 +69,7 @@ def compress(
     overwrite: bool = False,
     seed: int = 0,
     progress: bool | None = None,
-    sparsity_format: str = "dense",
+    sparsity_format: str = CT_DENSE,
 ) -> CompressionResult:
     """Compress `model` one-shot with `recipe`, calibrated on `dataset`, into `output_dir`.
 

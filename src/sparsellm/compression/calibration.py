@@ -25,6 +25,7 @@ from ..models.checkpoint import Checkpoint
 from ..models.decoder import DecoderModel, Linears, attention, linear_weight_shape
 from ..models.formats import DENSE_FP32, QuantizedTensor, WeightFormat
 from ..progress import progress_bar
+from ..weight_format import CT_DENSE
 from .plan import Plan, Pruned, TensorPlan
 from .save import CompressedModel, encode_tensor
 from .sparsegpt import accumulate_hessian
@@ -149,7 +150,7 @@ class SequentialCompressor:
     """Runs a Plan over a checkpoint with calibration samples (N, S) token ids."""
 
     def __init__(self, checkpoint: Checkpoint, plan: Plan, samples: np.ndarray,
-                 progress: bool | None = None, sparsity_format: str = "dense"):
+                 progress: bool | None = None, sparsity_format: str = CT_DENSE):
         self.ckpt = checkpoint
         self.plan = plan
         self.samples = samples

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..weight_format import CT_SPARSITY_FORMATS
+from ..weight_format import CT_DENSE, CT_SPARSITY_FORMATS
 from .ct_args import weight_format
 from .formats import QuantizedTensor, Sparsity, WeightFormat
 from .lazy import LazyTensors
@@ -237,7 +237,7 @@ def compression_configs(config: dict[str, Any], where: Where | None = None,
     if sparsity is not None and not isinstance(sparsity, dict):
         raise where.config(skey, sparsity, "expected a mapping")
     if sparsity:
-        fmt = sparsity.get("format") or "dense"
+        fmt = sparsity.get("format") or CT_DENSE
         if fmt not in SUPPORTED_SPARSITY_FORMATS:
             raise where.config(f"{skey}.format", fmt,
                                f"sparsity format {fmt!r} is not supported; supported: "
