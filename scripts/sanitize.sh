@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The kernel and engine tests against an extension built with AddressSanitizer and
+# The kernel, engine and damaged-file tests against an extension built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (CMake option SPARSELLM_SANITIZE; docs/testing.md, "Sanitizers").
 # Usage, from anywhere in a checkout, with the test dependencies installed (`pip install
 # ".[test]"`, or editable):
 #
 #   scripts/sanitize.sh                      # build, then tests/kernels tests/engine -m "not slow"
+#                                            # and the damaged-file tests of tests/models
 #   scripts/sanitize.sh tests/kernels -x     # other pytest arguments instead of the default ones
 #
 # The package is built out of tree and installed into $SANITIZE_DIR/site (default:
@@ -34,7 +35,7 @@ if [ "${SANITIZE_ISOLATED:-0}" != 1 ] \
 fi
 echo "== building the sanitized extension in $WORK"
 python -m pip install --quiet --no-deps --upgrade "${isolation[@]}" --target "$WORK/site" \
-  -C cmake.define.SPARSELLM_SANITIZE=ON -C build-dir="$WORK/cmake" "$ROOT"
+  -C cmake.define.SPARSELLM_SANITIZE=ON -C install.strip=false -C build-dir="$WORK/cmake" "$ROOT"
 NATIVE="$(ls "$WORK"/site/sparsellm/_native*.so)"
 echo "built in $((SECONDS - start)) s: $NATIVE"
 
@@ -67,13 +68,20 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN
 got="$(cd "$ROOT" && python -c 'import sparsellm._native as n; print(n.__file__)')"
 [ "$got" -ef "$NATIVE" ] || { echo "the tests would import $got, not $NATIVE" >&2; exit 2; }
 
-args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(tests/kernels tests/engine -m "not slow")
-echo "== pytest ${args[*]} (LD_PRELOAD=$LD_PRELOAD)"
+echo "== LD_PRELOAD=$LD_PRELOAD"
 tests_start=$SECONDS
 status=0
 # --capture=sys: a report is written to file descriptor 2 by a process that then exits; pytest's
 # default capture (of the descriptors) would swallow it with the process.
-(cd "$ROOT" && python -m pytest -p no:cacheprovider --capture=sys "${args[@]}") || status=$?
+run() { (cd "$ROOT" && python -m pytest -p no:cacheprovider --capture=sys "$@") || status=$?; }
+if [ $# -gt 0 ]; then
+  run "$@"
+else
+  run tests/kernels tests/engine -m "not slow"
+  # The damaged-file tests (slow-marked, about a minute here): every case that loads runs a
+  # prompt through the native engine, with shapes, offsets and alignments no valid file has.
+  run tests/models/test_damaged_gguf.py tests/models/test_damaged_safetensors.py \
+      tests/models/test_damaged_compressed.py
+fi
 echo "tests took $((SECONDS - tests_start)) s; build and tests $((SECONDS - start)) s"
 exit $status

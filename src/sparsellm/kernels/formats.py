@@ -93,7 +93,11 @@ class PackedWeight:
             from . import _ext
 
             s = self.spec
-            a = self.arrays
+            # Whole elements at aligned addresses: a file's bytes viewed in place can sit at any
+            # address (a GGUF whose general.alignment is 1 or 2), and a kernel's load of a
+            # misaligned float is undefined behaviour (UBSan: scripts/sanitize.sh). Such a
+            # buffer is copied; an aligned one (every normal file) is used where it is.
+            a = {k: v if v.flags.aligned else v.copy() for k, v in self.arrays.items()}
             self._native = _ext.native().NativeWeight(
                 fmt=s.native_format, rows=self.shape[0], cols=self.shape[1], kp=self.kp,
                 act_int8=s.act_int8, group=s.group, asym=s.asym, data=a["data"],
