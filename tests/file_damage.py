@@ -292,3 +292,20 @@ def document_edits(doc: Any, values: st.SearchStrategy[Any] = json_values,
     keys = st.text(max_size=10) if keys is None else keys
     return st.tuples(st.sampled_from(paths), st.one_of(
         values, st.just(DELETE), keys.map(RenameKey))).map(lambda pv: EditDocument(*pv))
+
+
+def load_and_run(path: Path) -> None:
+    """Load a checkpoint (file or folder), read every tensor and exact integers, build the
+    native engine and run a prompt through it: what each test does with a case that loads."""
+    from sparsellm.engine import Engine
+    from sparsellm.models import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    for name in ckpt.tensors:
+        ckpt.tensors[name]
+    for name in ckpt.quantized:
+        ckpt.quantized[name]
+    engine = Engine(ckpt, sequence_length=16, num_cores=1, weights_cache=False)
+    seq = engine.add_sequence()
+    engine.prefill(seq, [1, 2, 3, 4])
+    engine.decode_step([seq], [5])

@@ -33,6 +33,7 @@ from file_damage import (
     Truncate,
     document_edits,
     json_values,
+    load_and_run,
     paths_in,
     replace_file,
     scaled,
@@ -40,7 +41,6 @@ from file_damage import (
 from sparsellm.compression.magnitude import magnitude_prune
 from sparsellm.compression.quantize import rtn_quantize
 from sparsellm.compression.save import CompressedModel, save_compressed
-from sparsellm.engine import Engine
 from sparsellm.models import load_checkpoint
 from sparsellm.models.formats import WeightFormat
 
@@ -187,19 +187,6 @@ class EditConfig:
 
     def apply(self, text: bytes) -> bytes:
         return json.dumps(self.edit.apply(json.loads(text)), indent=2).encode()
-
-
-def load_and_run(folder: Path) -> None:
-    """Load, read every tensor and exact integers, build the native engine, run a prompt."""
-    ckpt = load_checkpoint(folder)
-    for name in ckpt.tensors:
-        ckpt.tensors[name]
-    for name in ckpt.quantized:
-        ckpt.quantized[name]
-    engine = Engine(ckpt, sequence_length=16, num_cores=1, weights_cache=False)
-    seq = engine.add_sequence()
-    engine.prefill(seq, [1, 2, 3, 4])
-    engine.decode_step([seq], [5])
 
 
 def test_damaged_compressed_tensors_is_loaded_or_refused_by_name(compressed, tmp_path):

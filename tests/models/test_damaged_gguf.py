@@ -9,7 +9,6 @@ and where in it (a byte offset, a tensor or a key); never another exception, a h
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import pytest
 from hypothesis import given, note, settings
@@ -21,12 +20,11 @@ from file_damage import (
     Outcomes,
     bit_flips,
     field_changes,
+    load_and_run,
     replace_file,
     scaled,
     truncations,
 )
-from sparsellm.engine import Engine
-from sparsellm.models import load_checkpoint
 
 pytestmark = pytest.mark.slow  # 5-10 s per file type on 2 cores
 
@@ -92,19 +90,6 @@ def gguf_fields(data: bytes) -> list[Field]:
         fields.append(Field(f"data offset:{name}", off + 4, "<Q"))
         off += 12
     return fields
-
-
-def load_and_run(path: Path) -> None:
-    """Load, read every tensor, build the native engine and run a prompt through it."""
-    ckpt = load_checkpoint(path)
-    for name in ckpt.tensors:
-        ckpt.tensors[name]
-    for name in ckpt.quantized:
-        ckpt.quantized[name]
-    engine = Engine(ckpt, sequence_length=16, num_cores=1, weights_cache=False)
-    seq = engine.add_sequence()
-    engine.prefill(seq, [1, 2, 3, 4])
-    engine.decode_step([seq], [5])
 
 
 def test_gguf_fields_are_where_gguf_reader_finds_them(tiny_gguf):

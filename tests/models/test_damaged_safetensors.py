@@ -26,12 +26,11 @@ from file_damage import (
     bit_flips,
     document_edits,
     json_values,
+    load_and_run,
     replace_file,
     scaled,
     truncations,
 )
-from sparsellm.engine import Engine
-from sparsellm.models import load_checkpoint
 
 pytestmark = pytest.mark.slow  # 5-10 s per variant on 2 cores
 
@@ -95,17 +94,6 @@ def folder_and_file(request, tiny_model_dir, tmp_path) -> tuple[Path, bytes]:
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir(request.param), folder)
     return folder, (folder / "model.safetensors").read_bytes()
-
-
-def load_and_run(folder: Path) -> None:
-    """Load, read every tensor, build the native engine and run a prompt through it."""
-    ckpt = load_checkpoint(folder)
-    for name in ckpt.tensors:
-        ckpt.tensors[name]
-    engine = Engine(ckpt, sequence_length=16, num_cores=1, weights_cache=False)
-    seq = engine.add_sequence()
-    engine.prefill(seq, [1, 2, 3, 4])
-    engine.decode_step([seq], [5])
 
 
 def test_damaged_safetensors_is_loaded_or_refused_by_name(folder_and_file):
