@@ -58,6 +58,12 @@ struct GemvSet {
 
 enum class Sparsity { Dense, Bitmask, TwoFour };
 
+// A sparsity's name, as Python's weight_format.py Sparsity spells it (compressed-tensors'
+// sparsity_structure names); nullptr for dense.
+constexpr const char* sparsity_name(Sparsity s) {
+  return s == Sparsity::Bitmask ? "unstructured" : s == Sparsity::TwoFour ? "2:4" : nullptr;
+}
+
 struct FmtTraits {
   Fmt fmt;
   const char* name;      // the Fmt's name (what kernels/layouts.py Layout.native_format says)

@@ -83,9 +83,8 @@ py::list weight_formats() {
     d["name"] = t.name;
     d["value_bits"] = t.value_bits;
     d["float"] = t.is_float;
-    d["sparsity"] = t.sparsity == Sparsity::Bitmask   ? py::object(py::str("bitmask"))
-                    : t.sparsity == Sparsity::TwoFour ? py::object(py::str("2:4"))
-                                                      : py::object(py::none());
+    const char* sparsity = sparsity_name(t.sparsity);
+    d["sparsity"] = sparsity ? py::object(py::str(sparsity)) : py::object(py::none());
     d["grouped"] = t.grouped;
     d["asym"] = t.asym;
     d["superblock"] = t.superblock;

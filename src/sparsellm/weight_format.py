@@ -17,7 +17,8 @@ from enum import StrEnum
 
 class Sparsity(StrEnum):
     """Which weights a sparse format keeps (dense formats: None). The values are
-    compressed-tensors' `sparsity_structure` names."""
+    compressed-tensors' `sparsity_structure` names, and the C++ traits table's
+    (csrc/include/formats.h `sparsity_name`)."""
 
     BITMASK = "unstructured"  # any: stored as kept values and one mask bit per column
     TWO_FOUR = "2:4"  # at most 2 of every 4 columns
@@ -26,11 +27,6 @@ class Sparsity(StrEnum):
     def prefixes(self) -> tuple[str, ...]:
         """Its format-name prefixes: the first is how names are written, others are accepted."""
         return SPARSITY_PREFIXES[self]
-
-    @property
-    def native(self) -> str:
-        """Its name in the C++ traits table (csrc/include/formats.h kFmtTraits `sparsity`)."""
-        return "bitmask" if self is Sparsity.BITMASK else self.value
 
 
 # Name prefix of each sparsity (None: dense): the first one is written, the others accepted.

@@ -21,7 +21,7 @@ def test_python_layouts_and_native_formats_agree():
         f = table[layout.native_format]
         assert (f["value_bits"], f["float"], f["sparsity"], f["grouped"], f["asym"],
                 f["superblock"]) == (
-            layout.bits, layout.is_float, layout.sparsity and layout.sparsity.native,
+            layout.bits, layout.is_float, layout.sparsity,
             bool(layout.groups or layout.group), layout.asym, layout.superblock), layout
         assert (f["fp32_activations"], f["int8_activations"]) == (
             False in layout.act_int8, True in layout.act_int8), layout
