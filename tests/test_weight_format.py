@@ -6,7 +6,7 @@ import json
 import pytest
 
 from sparsellm.kernels import FORMATS, parse_format
-from sparsellm.kernels.formats import _SPECS
+from sparsellm.kernels.formats import _SPECS, spec_for
 from sparsellm.weight_format import (
     SPARSITY_PREFIXES,
     FormatName,
@@ -27,16 +27,19 @@ def test_every_kernel_name_parses_to_its_spec_and_back(name):
         format_name(parts.values, None, parts.group, parts.asym, parts.act_int8))])
     assert format_name(parts.values, parts.sparsity, parts.group, parts.asym, parts.act_int8,
                        prefix) == name
-    assert spec.dense_twin == format_name(parts.values, None, parts.group, parts.asym,
-                                          parts.act_int8)
+    assert spec.dense_twin.name == format_name(parts.values, None, parts.group, parts.asym,
+                                               parts.act_int8)
+    assert spec.dense_twin.sparsity is None and (spec.dense_twin is spec) == (not spec.sparse)
 
 
 @pytest.mark.parametrize("name", [n for n in FORMATS if n not in ("fp16", "bf16")])
 def test_weight_format_names_are_the_kernel_names(name):
-    """Every format a checkpoint can declare is named as the kernels name it, and back."""
-    fmt = WeightFormat.from_name(name)
-    assert fmt.name == name
-    spec = parse_format(fmt.name)
+    """Every format a checkpoint can declare is named as the kernels name it, and back: the
+    two conversions, FormatSpec.declared and spec_for, are each other's inverse."""
+    fmt = parse_format(name).declared
+    assert fmt == WeightFormat.from_name(name) and fmt.name == name
+    spec = spec_for(fmt)
+    assert spec == parse_format(name) and spec.declared == fmt
     assert (fmt.bits, fmt.sparsity, fmt.activation_bits == 8) == \
         (spec.bits, spec.sparsity, spec.act_int8)
     assert bool(fmt.superblock) == bool(spec.layout.superblock)
@@ -58,3 +61,5 @@ def test_the_old_spellings_still_name_the_same_formats():
             parse_name(bad)
     with pytest.raises(ValueError, match="declares no WeightFormat"):
         WeightFormat.from_name("bf16")
+    assert parse_format("bf16").declared is None and parse_format("fp16").declared is None
+    assert spec_for(WeightFormat(bits=8, symmetric=False)) is None  # no kernel runs int8_asym

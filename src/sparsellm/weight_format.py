@@ -79,7 +79,12 @@ def parse_name(name: str) -> FormatName:
 @dataclass(frozen=True)
 class WeightFormat:
     """How a checkpoint declares one tensor is stored and should be run; `name` is the native
-    kernel format that runs it (see `sparsellm.kernels.FORMATS`)."""
+    kernel format that runs it (see `sparsellm.kernels.FORMATS`).
+
+    A declared format, which may be one no kernel runs ("int8_asym", a 4:8 mask); what a
+    kernel runs is a `FormatSpec` (kernels/layouts.py). kernels/formats.py `spec_for` is the one
+    way from this to that (None where no kernel runs it), `FormatSpec.declared` the way back;
+    both go through the name grammar above."""
 
     bits: int = 32  # 32 = float; 8 or 4 = integer weights
     group_size: int | None = None  # None = one scale per output channel

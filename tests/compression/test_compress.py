@@ -145,12 +145,12 @@ def test_sparse_int4_runs_dense_without_avx512(tiny_model, calib_texts, tmp_path
     kernels.set_isa("avx2")
     try:
         formats = weight_formats(ckpt)
-        assert formats[name] == "int4_g128"
-        assert weight_formats(ckpt, "sparse_int4_g128")[name] == "sparse_int4_g128"
+        assert formats[name].name == "int4_g128"
+        assert weight_formats(ckpt, "sparse_int4_g128")[name].name == "sparse_int4_g128"
     finally:
         kernels.set_isa("auto")
     dense = declared_packed(ckpt, formats)[name]
-    sparse = declared_packed(ckpt, {name: "sparse_int4_g128"})[name]
+    sparse = declared_packed(ckpt, {name: kernels.parse_format("sparse_int4_g128")})[name]
     assert (dense.format, sparse.format) == ("int4_g128", "sparse_int4_g128")
     np.testing.assert_array_equal(dequantize(dense), dequantize(sparse))
     assert (dequantize(dense) == 0).mean() >= 0.5

@@ -134,7 +134,7 @@ def test_truncated_cache_entry_is_ignored_and_rewritten(bf16_model, tmp_path, to
     np.testing.assert_array_equal(out, ref)
     assert "ignoring unreadable weights cache entry" in caplog.text
     assert WeightCache(tmp_path, load_checkpoint(bf16_model).source_files,
-                       Engine(bf16_model, weights="int8", weights_cache=False).formats
+                       Engine(bf16_model, weights="int8", weights_cache=False).specs
                        ).load() is not None  # rewritten whole
 
 
@@ -238,7 +238,7 @@ def test_resident_estimate_matches_what_is_packed(bf16_model):
         engine = Engine(ck, sequence_length=32, weights=fmt, weights_cache=False)
         embed = ck.args.vocab_size * ck.args.hidden_size * 2  # the bf16 table, as stored
         norms = 8 * ck.args.num_hidden_layers * ck.args.hidden_size * 4
-        assert memory_check.resident_weight_bytes(ck, engine.formats) == \
+        assert memory_check.resident_weight_bytes(ck, engine.specs) == \
             engine.weight_bytes_per_step + embed + norms, fmt
 
 
@@ -264,15 +264,15 @@ def test_resident_estimate_of_a_pruned_model_counts_its_zeros(bf16_model, tmp_pa
     embed = ck.args.vocab_size * ck.args.hidden_size * 2
     norms = 8 * ck.args.num_hidden_layers * ck.args.hidden_size * 4
     packed = engine.weight_bytes_per_step + embed + norms
-    estimate = memory_check.resident_weight_bytes(ck, engine.formats)
-    dense = memory_check.resident_weight_bytes(load_checkpoint(bf16_model), engine.formats)
+    estimate = memory_check.resident_weight_bytes(ck, engine.specs)
+    dense = memory_check.resident_weight_bytes(load_checkpoint(bf16_model), engine.specs)
     assert packed <= estimate < 1.1 * packed and estimate < 0.8 * dense, (packed, estimate, dense)
 
 
 def test_stale_layout_version_invalidates(bf16_model, tmp_path, monkeypatch):
     Engine(bf16_model, sequence_length=32, weights="int8", weights_cache=tmp_path)
     ck = load_checkpoint(bf16_model)
-    formats = Engine(ck, weights="int8", weights_cache=False).formats
+    formats = Engine(ck, weights="int8", weights_cache=False).specs
     assert WeightCache(tmp_path, ck.source_files, formats).load() is not None
     monkeypatch.setattr("sparsellm.engine.weight_cache.LAYOUT_VERSION", -1)
     assert WeightCache(tmp_path, ck.source_files, formats).load() is None

@@ -58,6 +58,11 @@ def test_spec_properties(fmt):
         else np.tile([True, False, True, False], (20, 32))
     p = kernels.pack(w, fmt, mask)
     assert packed_nbytes(w.shape, fmt) == p.nbytes  # bitmask formats: at density 1
+    assert s.dense_twin == twin and p.spec == s and p.format == fmt  # the spec, and its name
+    q = kernels.pack(w, s, mask)  # given as its spec: the same packed weight
+    assert q.spec == s and packed_nbytes(w.shape, s) == q.nbytes
+    for key in p.arrays:
+        np.testing.assert_array_equal(p.arrays[key], q.arrays[key], err_msg=f"{fmt} {key}")
 
 
 def test_float64_weights_pack_as_their_float32_values(rng):

@@ -5,13 +5,13 @@ import pytest
 
 from sparsellm.compression.modifiers import PRESET_SCHEMES, QuantizationArgs
 from sparsellm.compression.save import scheme
-from sparsellm.kernels import FORMATS
+from sparsellm.kernels import FORMATS, parse_format
 from sparsellm.models.ct_args import activation_args, scheme_args, weight_args, weight_format
 from sparsellm.weight_format import WeightFormat
 
 # every integer format a compressed-tensors config group declares (no K-quants: GGUF's)
-DECLARABLE = [f for f in (WeightFormat.from_name(n) for n in FORMATS if n not in ("fp16", "bf16"))
-              if f.bits < 32 and not f.superblock and not f.sparsity]
+DECLARABLE = [f for f in (parse_format(n).declared for n in FORMATS)
+              if f is not None and f.bits < 32 and not f.superblock and not f.sparsity]
 
 
 @pytest.mark.parametrize("fmt", DECLARABLE, ids=lambda f: f.name)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..kernels import get_num_threads, set_isa, set_num_threads
 from ..kernels.bench import arg_parser, make_weight
-from ..kernels.formats import dense_twin
+from ..kernels.formats import parse_format
 from ..kernels.reference import dequantize
 from ..models.decoder import ModelArgs, layer_weight_names, linear_weight_names
 from .native_model import NativeDecoderModel
@@ -25,6 +25,7 @@ from .native_model import NativeDecoderModel
 def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, float, int]:
     """Random SmolLM2-135M-shaped NativeDecoderModel in one format (lm_head: the dense twin of
     the format): (decode tokens/s, prefill tokens/s, packed weight bytes)."""
+    spec = parse_format(fmt)
     args = ModelArgs(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                      num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
                      tie_word_embeddings=True, rope_theta=100000.0)
@@ -41,11 +42,11 @@ def bench_model(fmt: str, steps: int = 32, prompt: int = 128) -> tuple[float, fl
                     "do": 576}[name.split(".")[-2][:2]]
             cols = 1536 if "down" in name else 576
             tensors[name] = rng.standard_normal((rows, cols), np.float32) * .05
-            p = make_weight(rng, (rows, cols), fmt)  # for the mask only
+            p = make_weight(rng, (rows, cols), spec)  # for the mask only
             if p.spec.sparse:
                 masks[name] = dequantize(p) != 0
-    formats = dict.fromkeys(linear_weight_names(args), fmt)
-    formats["lm_head.weight"] = dense_twin(fmt)
+    formats = dict.fromkeys(linear_weight_names(args), spec)
+    formats["lm_head.weight"] = spec.dense_twin
     model = NativeDecoderModel(args, tensors, formats, masks=masks, max_tokens=prompt)
     cache = (1, 1, 3, prompt + steps + 1, 64)
     k, v = np.zeros((30, *cache[1:]), np.float32), np.zeros((30, *cache[1:]), np.float32)

@@ -136,17 +136,18 @@ class Engine:
         self.num_cores = num_cores
         self.backend = backend
         self.dynamic_int8 = dynamic_int8
-        self.formats = weight_formats(self.checkpoint, weights)
+        # {linear weight name: its format}: `weights` parsed here, specs from here on
+        self.specs = weight_formats(self.checkpoint, weights)
         a = self.args
         self.kv_cache_dtype = kv_cache_dtype
         kv_bytes = KVCache.nbytes_for(a.num_hidden_layers, max_sequences, a.num_key_value_heads,
                                       sequence_length, a.head_dim, KV_CACHE_DTYPES[kv_cache_dtype])
-        check_fits(self.checkpoint, self.formats, kv_bytes, backend)
+        check_fits(self.checkpoint, self.specs, kv_bytes, backend)
         if backend == "native":
             self.model = self._native_model(weights_cache, max(self.prompt_chunk, max_sequences))
         else:
             self.model = self.checkpoint.build_model(reference_tensors(
-                self.checkpoint, self.formats, declared_packed(self.checkpoint, self.formats)))
+                self.checkpoint, self.specs, declared_packed(self.checkpoint, self.specs)))
         self.cache = KVCache(a.num_hidden_layers, max_sequences, a.num_key_value_heads,
                              sequence_length, a.head_dim, KV_CACHE_DTYPES[kv_cache_dtype])
         self.vocab_size = a.vocab_size
@@ -157,16 +158,16 @@ class Engine:
         else converted here (and cached when anything was converted)."""
         folder = cache_dir_of(weights_cache)
         ckpt = self.checkpoint
-        cache = WeightCache(folder, ckpt.source_files, self.formats) \
+        cache = WeightCache(folder, ckpt.source_files, self.specs) \
             if folder is not None and ckpt.source_files else None
         cached = cache.load() if cache is not None else None
-        packed = cached if cached is not None else declared_packed(ckpt, self.formats)
-        embed = embedding_packed(ckpt, self.formats)
-        with progress_bar(len(self.formats), "packing weights", "weight") as bar:
+        packed = cached if cached is not None else declared_packed(ckpt, self.specs)
+        embed = embedding_packed(ckpt, self.specs)
+        with progress_bar(len(self.specs), "packing weights", "weight") as bar:
             model = NativeDecoderModel(
-                self.args, native_sources(ckpt, self.formats), self.formats,
+                self.args, native_sources(ckpt, self.specs), self.specs,
                 max_tokens=max_tokens, on_packed=lambda: bar.update(1),
-                num_threads=self.num_cores, embed_format=embedding_format(ckpt, self.formats),
+                num_threads=self.num_cores, embed_format=embedding_format(ckpt, self.specs),
                 packed=packed if embed is None else {**packed, EMBEDDING: embed})
         if cache is not None and cached is None and model.converted and \
                 cache.save(model.converted):
@@ -208,9 +209,14 @@ class Engine:
         return self.model.weight_bytes
 
     @property
+    def formats(self) -> dict[str, str]:
+        """{linear weight name: the name of its format} (`specs`, named)."""
+        return {name: spec.name for name, spec in self.specs.items()}
+
+    @property
     def weights_description(self) -> str:
         """e.g. "sparse_int8_a8 x210, int8_a8 x1" (format x number of linear weights)."""
-        counts = Counter(self.formats.values())
+        counts = Counter(spec.name for spec in self.specs.values())
         return ", ".join(f"{name} x{n}" for name, n in counts.most_common())
 
     # ---- compute --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..kernels.formats import dense_twin, float_format, packed_nbytes, parse_format
+from ..kernels.formats import FormatSpec, float_format, packed_nbytes, parse_format
 from ..kernels.layouts import Sparsity
 from ..models import Checkpoint
 from ..models.decoder import EMBEDDING, linear_weight_shape
@@ -43,7 +43,7 @@ def available_memory() -> int | None:
     return min(found) if found else None
 
 
-def resident_weight_bytes(checkpoint: Checkpoint, formats: dict[str, str]) -> int:
+def resident_weight_bytes(checkpoint: Checkpoint, formats: dict[str, FormatSpec]) -> int:
     """Bytes of the weights once packed: every linear weight in its format (a tied lm_head in
     the table's own format shares it), the embedding table as stored, the norms."""
     args = checkpoint.args
@@ -53,7 +53,7 @@ def resident_weight_bytes(checkpoint: Checkpoint, formats: dict[str, str]) -> in
     for name, fmt in formats.items():
         tied = name == "lm_head.weight" and name not in checkpoint.tensors
         if not (tied and fmt == emb_format):
-            bitmask = parse_format(fmt).sparsity is Sparsity.BITMASK  # its bytes follow density
+            bitmask = fmt.sparsity is Sparsity.BITMASK  # its bytes follow density
             density = _density(checkpoint, name) if bitmask else 1.0
             total += packed_nbytes(linear_weight_shape(args, name), fmt, density)
     return total + 8 * args.num_hidden_layers * args.hidden_size * 4
@@ -73,7 +73,7 @@ def _density(checkpoint: Checkpoint, name: str, rows: int = 64) -> float:
     return min(1.0, np.count_nonzero(sample) / max(sample.size, 1) + 0.02)
 
 
-def check_fits(checkpoint: Checkpoint, formats: dict[str, str], kv_cache_bytes: int,
+def check_fits(checkpoint: Checkpoint, formats: dict[str, FormatSpec], kv_cache_bytes: int,
                backend: str = "native") -> None:
     """Raise ModelTooLargeError if the packed weights plus a full KV cache cannot fit in the
     memory available now (the NumPy reference backend holds every weight in fp32)."""
@@ -83,14 +83,14 @@ def check_fits(checkpoint: Checkpoint, formats: dict[str, str], kv_cache_bytes: 
     if backend == "native":
         weights = resident_weight_bytes(checkpoint, formats)
     else:
-        weights = resident_weight_bytes(checkpoint, dict.fromkeys(formats, "fp32"))
+        weights = resident_weight_bytes(checkpoint, dict.fromkeys(formats, parse_format("fp32")))
     need = weights + kv_cache_bytes + _HEADROOM
     if need <= available:
         return
     gb = 1e9
     fits = [f"weights={f!r} ({resident_weight_bytes(checkpoint, _all(formats, f)) / gb:.1f} GB)"
             for f in _SMALLER]
-    used = ", ".join(sorted(set(formats.values())))
+    used = ", ".join(sorted({f.name for f in formats.values()}))
     raise ModelTooLargeError(
         f"{checkpoint.path}: this model needs about {need / gb:.1f} GB of memory "
         f"({weights / gb:.1f} GB of weights as {used}, {kv_cache_bytes / gb:.1f} GB of KV cache) "
@@ -99,5 +99,6 @@ def check_fits(checkpoint: Checkpoint, formats: dict[str, str], kv_cache_bytes: 
         "kv_cache_dtype='int8', or free memory.")
 
 
-def _all(formats: dict[str, str], fmt: str) -> dict[str, str]:
-    return {n: dense_twin(fmt) if n == "lm_head.weight" else fmt for n in formats}
+def _all(formats: dict[str, FormatSpec], name: str) -> dict[str, FormatSpec]:
+    spec = parse_format(name)
+    return {n: spec.dense_twin if n == "lm_head.weight" else spec for n in formats}

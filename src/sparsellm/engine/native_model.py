@@ -21,7 +21,7 @@ import numpy as np
 
 from ..kernels import reference
 from ..kernels._ext import native
-from ..kernels.formats import PackedWeight, float_format, pack
+from ..kernels.formats import FormatSpec, PackedWeight, as_spec, float_format, pack
 from ..kernels.memory import gather, release_freed_heap
 from ..kernels.ops import get_num_threads
 from ..models.decoder import EMBEDDING, ModelArgs, linear_weight_names
@@ -47,26 +47,26 @@ class NativeDecoderModel:
         self,
         args: ModelArgs,
         tensors: Mapping[str, np.ndarray],
-        formats: str | Mapping[str, str] = "fp32",
+        formats: str | FormatSpec | Mapping[str, str | FormatSpec] = "fp32",
         *,
         masks: Mapping[str, np.ndarray] | None = None,
         packed: Mapping[str, PackedWeight] | None = None,
         max_tokens: int = 512,
         on_packed: Callable[[], object] | None = None,
         num_threads: int | None = None,
-        embed_format: str | None = None,
+        embed_format: str | FormatSpec | None = None,
     ):
-        """formats: one format for every linear weight, or {canonical name: format} (names
-        missing from the dict stay fp32). masks: {name: kept-weights bool mask} for sparse
-        formats (default: the weight's nonzeros). packed: already packed weights (e.g. exact
-        integers from a compressed checkpoint), used as they are. max_tokens: largest number of
-        tokens per native call; longer batches are split into chunks. on_packed: called after
-        each linear weight is packed (progress). num_threads: this model's own thread count,
-        for packing and for every forward (None: the process default, `set_num_threads`);
-        another model in the same process may use a different one, even at the same time.
-        embed_format: the format token lookups decode the embedding table from (None: the
-        float format it is stored in); a tied lm_head in that format is the same packed weight
-        (engine/weights.py embedding_format)."""
+        """formats: one format for every linear weight, or {canonical name: format} (names missing
+        from the dict stay fp32), each a name or a `FormatSpec`. masks: {name: kept-weights bool
+        mask} for sparse formats (default: the weight's nonzeros). packed: already packed weights
+        (e.g. exact integers from a compressed checkpoint), used as they are. max_tokens: largest
+        number of tokens per native call; longer batches are split into chunks. on_packed: called
+        after each linear weight is packed (progress). num_threads: this model's own thread count,
+        for packing and for every forward (None: the process default, `set_num_threads`); another
+        model in the same process may use a different one, even at the same time. embed_format: the
+        format token lookups decode the embedding table from (None: the float format it is stored
+        in); a tied lm_head in that format is the same packed weight (engine/weights.py
+        embedding_format)."""
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {num_threads}")
         self._threads = num_threads
@@ -76,19 +76,22 @@ class NativeDecoderModel:
         masks = masks or {}
         packed = dict(packed or {})
         names = linear_weight_names(args)
-        if isinstance(formats, str):
+        if isinstance(formats, str | FormatSpec):
             formats = dict.fromkeys(names, formats)
         unknown = set(formats) - set(names)
         if unknown:
             raise ValueError(f"formats given for unknown weights {sorted(unknown)[:3]}; "
                              f"linear weights are e.g. {names[0]!r}, 'lm_head.weight'")
+        fp32 = float_format(np.dtype(np.float32))
+        specs = {name: as_spec(formats[name]) if name in formats else fp32 for name in names}
         # Weights packed as the caller's own arrays (fp32, or bf16/fp16 as stored: views of a
         # memory-mapped file) stay where they are, and so do given packed weights that are views
         # of a read-only file mapping (a converted-weights cache entry); the rest move into one
         # huge-page block.
         in_place = {id(w) for w in packed.values() if not w.arrays["data"].flags.writeable}
 
-        def pack_from(w: np.ndarray, fmt: str, mask: np.ndarray | None = None) -> PackedWeight:
+        def pack_from(w: np.ndarray, fmt: FormatSpec, mask: np.ndarray | None = None
+                      ) -> PackedWeight:
             p = pack(w, fmt, mask)
             if np.may_share_memory(p.arrays["data"], w):
                 in_place.add(id(p))
@@ -98,22 +101,22 @@ class NativeDecoderModel:
         # (rows are decoded at lookup); a tied lm_head in that same format is the same packed
         # weight.
         stored_embed = tensors[EMBEDDING]
-        embed_fmt = embed_format or float_format(stored_embed.dtype)
+        embed_fmt = as_spec(embed_format) if embed_format else float_format(stored_embed.dtype)
         head = packed.get("lm_head.weight")
         embed = packed.pop(EMBEDDING, None)  # given packed (exact integers), else:
         if embed is not None:
             pass
-        elif "lm_head.weight" not in tensors and head is not None and head.format == embed_fmt:
+        elif "lm_head.weight" not in tensors and head is not None and head.spec == embed_fmt:
             embed = head
         else:
             embed = pack_from(stored_embed, embed_fmt)
 
         def pack_one(name: str) -> PackedWeight:
-            fmt = formats.get(name, "fp32")
+            fmt = specs[name]
             if name in packed:
                 p = packed[name]
             elif name == "lm_head.weight" and name not in tensors:
-                p = embed if fmt == embed.format else pack_from(stored_embed, fmt)
+                p = embed if fmt == embed.spec else pack_from(stored_embed, fmt)
             else:
                 p = pack_from(tensors[name], fmt, masks.get(name))
                 release_freed_heap()  # the conversion's temporaries, before the next tensor's

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cache_dir import default_cache_dir
-from ..kernels.formats import LAYOUT_VERSION, PackedWeight
+from ..kernels.formats import LAYOUT_VERSION, FormatSpec, PackedWeight, parse_format
 from ..models.safetensors_io import map_file
 
 logger = logging.getLogger(__name__)
@@ -65,11 +65,12 @@ def cache_dir_of(setting: str | Path | bool | None) -> Path | None:
 class WeightCache:
     """The cache entry of one (source files, formats) pair."""
 
-    def __init__(self, folder: Path, source_files: list[Path], formats: Mapping[str, str]):
+    def __init__(self, folder: Path, source_files: list[Path],
+                 formats: Mapping[str, FormatSpec]):
         sources = [Path(f).resolve() for f in source_files]
         self.sources = [{"path": str(f), "size": f.stat().st_size,
                          "mtime_ns": f.stat().st_mtime_ns} for f in sources]
-        self.formats = dict(formats)
+        self.formats = {name: spec.name for name, spec in formats.items()}  # as the header has them
         name = json.dumps([[str(f) for f in sources], sorted(self.formats.items())])
         digest = hashlib.sha256(name.encode()).hexdigest()[:20]
         label = sources[0].parent.name if sources else "model"
@@ -92,9 +93,14 @@ class WeightCache:
         if header.get("identity") != self._identity():
             logger.info("weights cache entry %s is stale (source or format changed)", self.path)
             return None
+        try:  # the header's format names, parsed once here
+            specs = {name: parse_format(w["format"]) for name, w in header["weights"].items()}
+        except ValueError as e:
+            logger.warning("ignoring unreadable weights cache entry %s (%s)", self.path, e)
+            return None
         with contextlib.suppress(OSError):
             os.utime(self.path)  # recently used: evicted last
-        return {name: PackedWeight(format=w["format"], shape=tuple(w["shape"]), kp=w["kp"],
+        return {name: PackedWeight(spec=specs[name], shape=tuple(w["shape"]), kp=w["kp"],
                                    arrays={key: _view(data, *a) for key, a in w["arrays"].items()})
                 for name, w in header["weights"].items()}
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import get_num_threads, pack, set_isa, set_num_threads
 from ._ext import native
-from .formats import FORMATS, parse_format
+from .formats import FORMATS, FormatSpec, as_spec
 from .layouts import Sparsity
 
 # SmolLM2-135M: (out, in) of q/o, k/v, gate/up, down, lm_head; and how often each runs per token
@@ -33,9 +33,10 @@ DEFAULT_FORMATS = ["fp32", "fp16", "bf16", "int8", "int8_a8", "int4_g32", "int4_
 CACHE_BYTES = 96 << 20  # > last-level cache
 
 
-def make_weight(rng: np.random.Generator, shape: tuple[int, int], fmt: str):
+def make_weight(rng: np.random.Generator, shape: tuple[int, int], fmt: str | FormatSpec):
     w = rng.standard_normal(shape).astype(np.float32)
-    sparsity = parse_format(fmt).sparsity
+    fmt = as_spec(fmt)
+    sparsity = fmt.sparsity
     if sparsity is Sparsity.TWO_FOUR:
         keep = np.argsort(rng.random((shape[0], shape[1] // 4, 4)), axis=2)[:, :, :2]
         m = np.zeros((shape[0], shape[1] // 4, 4), bool)
@@ -59,7 +60,7 @@ def bench_gemv(fmt: str, shape: tuple[int, int], min_time: float = 0.2,
     # Copies share nothing: re-pack would be slow, so copy the buffers.
     ws = [p.native()]
     for _ in range(copies - 1):
-        q = type(p)(format=p.format, shape=p.shape, kp=p.kp,
+        q = type(p)(spec=p.spec, shape=p.shape, kp=p.kp,
                     arrays={k: v.copy() for k, v in p.arrays.items()})
         ws.append(q.native())
     x = rng.standard_normal((tokens, shape[1])).astype(np.float32)

@@ -10,6 +10,8 @@ properties, packers and NumPy decoder, and `FormatSpec`) and its options, in the
 sparsellm/weight_format.py (`format_name`): "sparse_int4_g32_a8" is the bitmask int4
 layout with groups of 32 columns and int8 activations. `FORMATS` lists every name;
 `parse_format` answers what a name means (`FormatSpec`), so code asks it and never parses names.
+The functions here take a name or a `FormatSpec` (a name is parsed on the way in); inside, code
+carries specs (`PackedWeight.spec`).
 `_a8` formats quantize activations per token to int8 (dynamic, symmetric) and use integer dot
 products; the others compute in fp32 activations.
 """
@@ -21,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from ..weight_format import SPARSITY_PREFIXES, format_name
+from ..weight_format import SPARSITY_PREFIXES, WeightFormat, format_name
 from .layouts import COL_ALIGN, LAYOUTS, FormatSpec, pad_cols
 
-__all__ = ["COL_ALIGN", "FORMATS", "FormatSpec", "PackedWeight", "dense_twin", "float_format",
-           "pack", "pack_quantized", "packed_nbytes", "padded_cols", "parse_format"]
+__all__ = ["COL_ALIGN", "FORMATS", "FormatSpec", "PackedWeight", "as_spec", "dense_twin",
+           "float_format", "pack", "pack_quantized", "packed_nbytes", "padded_cols",
+           "parse_format", "spec_for"]
 
 # Bumped whenever a packed layout changes: cached converted weights of an older layout are stale.
 LAYOUT_VERSION = 1
@@ -34,8 +37,10 @@ KV_SCALE_BYTES = 4  # an int8 KV-cache row: head_dim values, then their float32 
 
 def _format_specs() -> tuple[dict[str, FormatSpec], tuple[str, ...]]:
     """(every accepted name -> its spec, the names spelled with each sparsity's first prefix),
-    in the order of LAYOUTS and their options."""
-    specs, names = {}, []
+    in the order of LAYOUTS and their options (dense layouts first: a sparse spec links its
+    dense twin's)."""
+    specs: dict[str, FormatSpec] = {}
+    names = []
     for layout in LAYOUTS:
         for group in layout.groups or (layout.group,):
             for asym in (False, True) if layout.asym else (False,):
@@ -45,9 +50,9 @@ def _format_specs() -> tuple[dict[str, FormatSpec], tuple[str, ...]]:
                     names.append(format_name(*parts))
                     for prefix in range(len(SPARSITY_PREFIXES[layout.sparsity])):
                         name = format_name(*parts, prefix=prefix)
-                        specs[name] = FormatSpec(name, layout, act_int8, group, asym,
-                                                 dense_twin=format_name(parts[0], None,
-                                                                        *parts[2:]))
+                        twin = specs[format_name(parts[0], None, *parts[2:])] \
+                            if layout.sparsity else None
+                        specs[name] = FormatSpec(name, layout, act_int8, group, asym, twin)
     return specs, tuple(names)
 
 
@@ -62,25 +67,39 @@ def parse_format(name: str) -> FormatSpec:
     return spec
 
 
+def as_spec(format: str | FormatSpec) -> FormatSpec:
+    """A format given by name (a public argument) or already as its spec."""
+    return format if isinstance(format, FormatSpec) else parse_format(format)
+
+
+def spec_for(declared: WeightFormat) -> FormatSpec | None:
+    """The kernel format that runs a declared format's values as they are, or None when no
+    kernel does (int8 with zero points, a 4:8 mask: engine/weights.py `runnable` picks the
+    nearest). The one way from a `WeightFormat` to a `FormatSpec`; `FormatSpec.declared` is
+    the way back."""
+    return _SPECS.get(declared.name)
+
+
 def dense_twin(name: str) -> str:
     """The dense format with the same values and activations as a sparse one (the lm_head of a
     pruned model is not pruned): "sparse_int8_a8" -> "int8_a8", "2:4_int8" -> "int8"."""
-    return parse_format(name).dense_twin
+    return parse_format(name).dense_twin.name
 
 
 @dataclass(eq=False)
 class PackedWeight:
     """A weight matrix (out, in) in one packed format: the NumPy buffers + format metadata."""
 
-    format: str
+    spec: FormatSpec
     shape: tuple[int, int]
     kp: int
     arrays: dict[str, np.ndarray]
     _native: Any = field(default=None, repr=False)
 
     @property
-    def spec(self) -> FormatSpec:
-        return parse_format(self.format)
+    def format(self) -> str:
+        """The format's name."""
+        return self.spec.name
 
     @property
     def nbytes(self) -> int:
@@ -112,11 +131,11 @@ class PackedWeight:
         self._native = None
 
 
-def packed_nbytes(shape: tuple[int, int], format: str, density: float = 1.0) -> int:
+def packed_nbytes(shape: tuple[int, int], format: str | FormatSpec, density: float = 1.0) -> int:
     """Bytes of a (out, in) weight packed in `format`, without packing it: exact for dense
     formats; for sparse ones, with `density` of the weights kept (the default 1.0 is an upper
     bound; pruning to 50% halves the values)."""
-    s = parse_format(format)
+    s = as_spec(format)
     return s.layout.nbytes(shape[0], padded_cols(shape[1], s.col_align), s, density)
 
 
@@ -133,38 +152,39 @@ def _as_matrix(w: np.ndarray) -> np.ndarray:
     return w.astype(np.float32, copy=False)
 
 
-def float_format(dtype: np.dtype) -> str:
-    """The float format that runs a tensor stored as `dtype` without converting it: "bf16",
-    "fp16", else "fp32" (float32, and anything that is converted to it)."""
-    return next((layout.kind for layout in LAYOUTS
-                 if layout.stored_as is not None and layout.stored_as == dtype), "fp32")
+def float_format(dtype: np.dtype) -> FormatSpec:
+    """The float format that runs a tensor stored as `dtype` without converting it: bf16,
+    fp16, else fp32 (float32, and anything that is converted to it)."""
+    return _SPECS[next((layout.kind for layout in LAYOUTS
+                        if layout.stored_as is not None and layout.stored_as == dtype), "fp32")]
 
 
 def _packed(s: FormatSpec, shape: tuple[int, int], kp: int, arrays: dict) -> PackedWeight:
     arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
-    return PackedWeight(format=s.name, shape=shape, kp=kp, arrays=arrays)
+    return PackedWeight(spec=s, shape=shape, kp=kp, arrays=arrays)
 
 
-def pack(w: np.ndarray, format: str, mask: np.ndarray | None = None) -> PackedWeight:
+def pack(w: np.ndarray, format: str | FormatSpec, mask: np.ndarray | None = None
+         ) -> PackedWeight:
     """Quantize (if needed) and pack a float (out, in) weight into `format`.
 
     mask: (out, in) bool of kept weights for sparse formats (default: w != 0); weights outside
     the mask are dropped. Dense formats ignore zeros and accept no mask.
     """
-    s = parse_format(format)
+    s = as_spec(format)
     w = np.asarray(w)
     stored_as = s.layout.stored_as  # (not compared when None: float64 == None is True in NumPy)
     if stored_as is not None and w.dtype == stored_as and w.ndim == 2 and mask is None:
         # Already in this format (a bf16 / fp16 checkpoint): the bits as stored, no fp32 copy,
         # and no copy at all when the width is aligned (a view of a memory-mapped file stays one).
         kp = padded_cols(w.shape[1])
-        return PackedWeight(format=format, shape=(w.shape[0], w.shape[1]), kp=kp,
+        return PackedWeight(spec=s, shape=(w.shape[0], w.shape[1]), kp=kp,
                             arrays={"data": pad_cols(w.view(np.uint16), kp)})
     w = _as_matrix(w)
     out, cols = w.shape
     kp = padded_cols(cols, s.col_align)
     if mask is not None and not s.sparse:
-        raise ValueError(f"format {format!r} is dense; a mask needs a sparse_* or 2:4_* format")
+        raise ValueError(f"format {s.name!r} is dense; a mask needs a sparse_* or 2:4_* format")
     mp = None
     if s.sparse:
         m = (w != 0) if mask is None else np.asarray(mask, dtype=bool)
@@ -178,7 +198,7 @@ def pack(w: np.ndarray, format: str, mask: np.ndarray | None = None) -> PackedWe
 def pack_quantized(
     q: np.ndarray,
     scale: np.ndarray,
-    format: str,
+    format: str | FormatSpec,
     zero_point: np.ndarray | None = None,
     mask: np.ndarray | None = None,
 ) -> PackedWeight:
@@ -190,14 +210,14 @@ def pack_quantized(
     (default q != 0). q4_k: q in [0, 15], scale its superblocks' {d, dmin} (out, in/256, 2),
     zero_point their 6-bit codes (out, in/256, 16), as in a GGUF Q4_K tensor.
     """
-    s = parse_format(format)
+    s = as_spec(format)
     q = np.asarray(q)
     if q.ndim != 2:
         raise ValueError(f"expected 2-D (out, in) integers, got shape {q.shape}")
     if s.layout.pack_ints is None:
-        raise ValueError(f"pack_quantized takes integer formats, not {format!r}; use pack()")
+        raise ValueError(f"pack_quantized takes integer formats, not {s.name!r}; use pack()")
     if mask is not None and not s.sparse:
-        raise ValueError(f"format {format!r} is dense; a mask needs a sparse format")
+        raise ValueError(f"format {s.name!r} is dense; a mask needs a sparse format")
     out, cols = q.shape
     kp = padded_cols(cols, s.col_align)
     m = pad_cols((q != 0) if mask is None else np.asarray(mask, dtype=bool), kp) \

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from ..dtypes import BFLOAT16
-from ..weight_format import Sparsity, format_name
+from ..weight_format import Sparsity, WeightFormat, format_name
 
 __all__ = ["COL_ALIGN", "LAYOUTS", "FormatSpec", "Layout", "Packed", "Sparsity", "pad_cols"]
 
@@ -83,14 +83,31 @@ class Layout:
 
 @dataclass(frozen=True)
 class FormatSpec:
-    """What a format name means: its layout and options (kernels/formats.py `parse_format`)."""
+    """What a format name means: its layout and options (kernels/formats.py `parse_format`).
+    Inward of the boundaries (public arguments, CLI flags, file headers), code carries these,
+    never names: `parse_format` makes one from a name once, `name` gives the name back.
 
-    name: str
+    A runnable format, where `WeightFormat` (weight_format.py) is a declared one: `declared`
+    is what a checkpoint declares to run in it, kernels/formats.py `spec_for` the way back."""
+
+    name: str  # as given: "sparse24_int8" stays so spelt (FORMATS spells it "2:4_int8")
     layout: Layout
     act_int8: bool = False  # per-token int8 activations (`_a8`)
     group: int = 0  # int4 group size (`_g{group}`; q4_k: 32), 0 for per-row scales or none
     asym: bool = False  # int4 zero points (`_asym`)
-    dense_twin: str = ""  # the dense format with the same values and activations (see dense_twin)
+    twin: FormatSpec | None = field(default=None, repr=False, compare=False)  # see dense_twin
+
+    @property
+    def dense_twin(self) -> FormatSpec:
+        """The dense format with the same values and activations (itself for a dense one):
+        "sparse_int8_a8" -> "int8_a8", "2:4_int8" -> "int8"."""
+        return self.twin or self
+
+    @property
+    def declared(self) -> WeightFormat | None:
+        """What a checkpoint declares to run in this format (the inverse of kernels/formats.py
+        `spec_for`); None for fp16 and bf16, a dtype rather than a declaration."""
+        return None if self.layout.stored_as is not None else WeightFormat.from_name(self.name)
 
     @property
     def kind(self) -> str:
