@@ -26,14 +26,14 @@ struct Acts {
                                   // sums of x (xq for W4A8)
 };
 
-// Activations of the integer GEMMs of prefill (AVX-512 int8, AVX2 int16 / int8): x's int8
-// codes, (T, kp), and their scales, per token (W8A8, W4A8: the GEMV's xq / xscale) or per group
+// Activations of the integer GEMMs of prefill (AVX-512 int8; AVX2: W8A8 exact in fp32, int4
+// int8): x's int8 codes, (T, kp), and their scales, per token (W8A8, W4A8: the GEMV's xq / xscale) or per group
 // of columns, (T, kp / group) (weight-only formats: quantized for the GEMM alone,
 // int_gemm_act_group).
 struct GemmActs {
   int64_t T = 0;
   const uint8_t* xu = nullptr;   // AVX-512: codes + 128
-  const int16_t* xw = nullptr;   // AVX2 int16 kernel: codes as int16 (W8A8, W4A8 only)
+  const float* xf = nullptr;     // AVX2 W8A8 (panel_gemm_codes): the codes as floats
   const int8_t* xq = nullptr;    // AVX2 int4 kernel: the codes
   const float* gsum = nullptr;   // AVX2 int4 kernel: (T, kp / 32) sums of the codes
   const float* xs = nullptr;
@@ -52,6 +52,7 @@ int64_t int_gemm_act_group(const Weight& w);
 struct PanelRows {
   const Weight& w;
   int64_t r0, nr;
+  bool codes = false;  // integer formats: rows() gives their integer codes, unscaled
   // Rows r0 + i .. r0 + i + n (i + n <= nr) with stride w.kp: in place, or decoded into buf
   // (n * w.kp floats). Out of line (runtime/linear.cpp): portable code.
   const float* rows(int64_t i, int64_t n, float* buf) const;
@@ -89,13 +90,18 @@ namespace avx2 {
 SL_GEMV_KERNELS(SL_DECLARE_GEMV)
 void panel_gemm(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
                 int64_t ldy);
+// W8A8 prefill (dense, bitmask, 2:4): the panel GEMM on integer codes (W.codes; X: the int8
+// codes of the activations as floats), exact int32 dots per row, then y = float(dot) *
+// (xscale[t] * scale[r]): the GEMV's bits (kernels/avx2/gemm.cpp).
+void panel_gemm_codes(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
+                      int64_t ldy, const float* xscale);
 void quantize_row(const float* x, int64_t n, int8_t* q, float* scale);
-// The integer GEMM of prefill (kernels/avx2/gemm_int.cpp) for the int8-activation formats (W8A8,
-// W4A8) and, in a prompt, weight-only int4 (dense, bitmask): y[t * ldy + r] for rows [r0, r1), r0 a
-// multiple of 16, from GemmActs::xw (int16 kernel) or xq and gsum (int4).
+// The int4 GEMM of prefill (kernels/avx2/gemm_int.cpp), dense and bitmask: W4A8 and, in a
+// prompt, weight-only int4: y[t * ldy + r] for rows [r0, r1), r0 a multiple of 16, from
+// GemmActs::xq and gsum.
 void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
-// Its activations: quantize_row's codes per token (W8A8, W4A8) or weight-only int4's per group
-// (quantize_groups), widened to int16 for the int16 kernel (widen_codes; n a multiple of 16).
+// Its activations: quantize_row's codes per token (W4A8) or weight-only int4's per group
+// (quantize_groups). widen_codes: int8 codes -> int16 (Acts::xw; n a multiple of 16).
 void widen_codes(const int8_t* q, int64_t n, int16_t* xw);
 void quantize_groups(const float* x, int64_t kp, int64_t group, int8_t* q, float* xs);
 // Weight-only int4 on x quantized per weight group (xq, xgscale; gsum: each group's code sum

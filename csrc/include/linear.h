@@ -13,7 +13,8 @@ namespace sl {
 // Work buffers of linear(), grown by reserve() and never shrunk: the model reserves its
 // largest shapes once at build time so a decode step allocates nothing.
 struct LinearScratch {
-  AlignedVector<float> xpad;    // (T, kp) activations, zero padded (fake-quantized for W8A8 GEMM)
+  AlignedVector<float> xpad;    // (T, kp) activations, zero padded (fake-quantized for the
+                                // portable W8A8 GEMM; AVX2's: their int8 codes as floats)
   AlignedVector<int8_t> xq;     // (T, kp) int8 activations (W8A8 GEMV, AVX2 int4 GEMM)
   AlignedVector<float> xscale;  // (T,) per-token activation scales
   AlignedVector<int32_t> xsum;  // (T,) per-token sums of xq (the AVX-512 W8A8 kernels' offset)

@@ -95,6 +95,18 @@ static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t k
     }
 }
 
+// Calls f(PanelRows) for w's panels of kPanelRows rows, the threads taking contiguous runs.
+template <class F>
+static void for_panels(const Weight& w, int64_t T, bool codes, F&& f) {
+  const int64_t npanels = (w.rows + kPanelRows - 1) / kPanelRows;
+  parallel(w.rows * w.kp * T >= 16 * kMinParallelWork, [&](int id, int nt) {
+    for (int64_t p = id * npanels / nt; p < (id + 1) * npanels / nt; ++p) {
+      const int64_t r0 = p * kPanelRows;
+      f(PanelRows{w, r0, std::min(w.rows - r0, kPanelRows), codes});
+    }
+  });
+}
+
 // Prefill: W8A8 semantics are kept by multiplying by the dequantized int8 activations (exact
 // products of integers, summed in fp32). Needs prepare() for this weight alone.
 static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, LinearScratch& s) {
@@ -107,18 +119,21 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
   const auto gemm = use_avx512() ? avx512::panel_gemm
                     : use_avx2()  ? avx2::panel_gemm
                                   : scalar::panel_gemm;
-  const int64_t npanels = (w.rows + kPanelRows - 1) / kPanelRows;
-  parallel(w.rows * kp * T >= 16 * kMinParallelWork, [&](int id, int nt) {
-    for (int64_t p = id * npanels / nt; p < (id + 1) * npanels / nt; ++p) {
-      const int64_t r0 = p * kPanelRows;
-      gemm(PanelRows{w, r0, std::min(w.rows - r0, kPanelRows)}, xp, kp, T, y + r0, ldy);
-    }
-  });
+  for_panels(w, T, false, [&](const PanelRows& p) { gemm(p, xp, kp, T, y + p.r0, ldy); });
 }
 
 const float* PanelRows::rows(int64_t i, int64_t n, float* buf) const {
   if (w.fmt == Fmt::F32) return static_cast<const float*>(w.data) + (r0 + i) * w.kp;
-  decode_rows(w, r0 + i, r0 + i + n, buf);
+  if (!codes) {
+    decode_rows(w, r0 + i, r0 + i + n, buf);
+    return buf;
+  }
+  // The codes: the same weight with every row's scale 1 decodes to code * 1.0f, exactly.
+  thread_local AlignedVector<float> ones;
+  if (ones.size() < size_t(w.rows)) ones.assign(size_t(w.rows), 1.f);
+  Weight unit = w;
+  unit.scale = ones.data();
+  decode_rows(unit, r0 + i, r0 + i + n, buf);
   return buf;
 }
 
@@ -132,7 +147,8 @@ static bool group_int8(const Weight& w, const LinearScratch& s) {
   return s.group_int8 && group_int8_act_group(w) > 0;
 }
 
-// The integer GEMM (AVX-512: int8 VNNI, AVX2: int16 madd, int8 maddubs for int4):
+// The integer GEMM (AVX-512: int8 VNNI; AVX2: W8A8 as exact fp32 FMAs on the codes, int4 by
+// int8 maddubs):
 // activations as integer codes (W8A8 / W4A8: the GEMV's per-token int8; weight-only prompts,
 // and under group_int8 every T: quantized per group of columns, int_gemm_act_group), in
 // parallel over tokens, once for every weight of the same width and activation group (q/k/v,
@@ -147,9 +163,9 @@ static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, in
   const Weight& w = *ws[0];
   const int64_t kp = w.kp, K = w.cols, group = int_gemm_act_group(w);
   const bool vnni = use_avx512();
-  bool int4 = false, int16 = false;  // AVX2: which kernels read them (kernels/avx2/gemm_int.cpp)
+  bool int4 = false, int8 = false;  // AVX2: which kernels read them
   for (int i = 0; i < n; ++i)
-    (is_int4(ws[i]->fmt) ? int4 : int16) = true;
+    (is_int4(ws[i]->fmt) ? int4 : int8) = true;
   s.reserve(T, kp);
   parallel_for(T, T * kp >= kMinParallelWork, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
@@ -161,10 +177,11 @@ static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, in
         avx512::quantize_groups(xp, kp, group, s.xu.data() + t * kp, xs);
       } else if (vnni) {
         avx512::quantize_row_u8(xp, kp, s.xu.data() + t * kp, xs);
-      } else {  // AVX2: the codes; as int16 for the int16 kernel, their sums for the int4 one
+      } else {  // AVX2: the codes; as floats (in place of x) for W8A8, their sums for int4
         if (group) avx2::quantize_groups(xp, kp, group, q, xs);  // weight-only int4
         else avx2::quantize_row(xp, kp, q, xs);
-        if (int16) avx2::widen_codes(q, kp, s.xw.data() + t * kp);
+        if (int8)
+          for (int64_t k = 0; k < kp; ++k) xp[k] = float(q[k]);
         if (int4) group_sums(q, 1, kp, 32, s.gsum.data() + t * (kp / 32));
       }
     }
@@ -172,7 +189,7 @@ static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, in
   GemmActs a;
   a.T = T;
   a.xu = s.xu.data();
-  a.xw = s.xw.data();
+  a.xf = s.xpad.data();
   a.xq = s.xq.data();
   a.gsum = s.gsum.data();
   a.xs = group ? s.xgscale.data() : s.xscale.data();
@@ -181,6 +198,10 @@ static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, in
 
 static void int_gemm_run(const Weight& w, const GemmActs& a, float* y, int64_t ldy) {
   const bool vnni = use_avx512();
+  if (!vnni && !is_int4(w.fmt))  // AVX2 W8A8: the panel GEMM on the codes
+    return for_panels(w, a.T, true, [&](const PanelRows& p) {
+      avx2::panel_gemm_codes(p, a.xf, w.kp, a.T, y + p.r0, ldy, a.xs);
+    });
   const int64_t unit = vnni ? 2 * kRowBlock16 : kRowBlock16;  // the kernels' row granules
   parallel_for((w.rows + unit - 1) / unit, w.rows * w.kp * a.T >= 16 * kMinParallelWork,
                [&](int64_t lo, int64_t hi) {

@@ -147,6 +147,35 @@ def test_w8a8_results_are_bitwise_the_same_on_every_isa(rng, fmt):
             np.testing.assert_array_equal(a, b, err_msg=f"{fmt}: {isa} vs scalar")
 
 
+@pytest.mark.parametrize("fmt", ["int8_a8", "sparse_int8_a8", "2:4_int8_a8"])
+def test_w8a8_prompt_gemm_is_exact_at_the_largest_products(isa, rng, fmt):
+    """A prompt's W8A8 GEMM gives every token its GEMV bits, the exact int32 dot times the
+    scales, where the products are largest: codes of -128 and -127 (odd products, which a float
+    sum above 2^24 would round) over two full blocks of 1024 columns and part of a third (AVX2
+    sums a block in fp32 FMAs, exact up to 2^24 = 1024 * 128 * 128, then adds the blocks as
+    int32), mixed with random codes."""
+    out, cols, T = 50, 2 * 1024 + 200, 48  # T: above every ISA's W8A8 GEMV limit
+    q = rng.integers(-128, 128, (out, cols)).astype(np.int8)
+    q[::2, ::2], q[::2, 1::2] = -128, -127
+    mask = random_weight(rng, (out, cols), fmt)[1]
+    if mask is not None:
+        q = np.where(mask, q, 0).astype(np.int8)
+    scale = (rng.random(out) * 0.01 + 0.001).astype(np.float32)
+    p = kernels.pack_quantized(q, scale, fmt, mask=mask)
+    x = rng.uniform(-1.9, 1.9, (T, cols)).astype(np.float32)
+    x[:, 0] = 127.5 / 64  # max|x|: the scale is 1/64 exactly, and -max|x| quantizes to -128
+    x[::2, 2::2], x[::2, 1::2] = -127.5 / 64, -127 / 64
+    xq, xscale = ref.quantize_activations(x)
+    assert (xq[::2, 2::2] == -128).all() and (xq[::2, 1::2] == -127).all()
+    y = kernels.linear(x, p, prompt=True)
+    gemv = np.stack([kernels.linear(x[t:t + 1], p)[0] for t in range(T)])
+    np.testing.assert_array_equal(y, gemv)
+    dots = xq.astype(np.int64) @ q.astype(np.int64).T
+    assert np.abs(dots).max() > 2 ** 24  # beyond a float sum's exact range
+    np.testing.assert_array_equal(
+        y, (dots.astype(np.float32) * (xscale[:, None] * scale[None, :])).astype(np.float32))
+
+
 @pytest.mark.parametrize("fmt", ["int8", "int8_a8", "sparse_int8_a8", "2:4_int8_a8"])
 def test_int8_weights_may_be_minus_128(isa, rng, fmt):
     """compressed-tensors' symmetric grids (max / 127.5) give -128 weights and activations:

@@ -1,28 +1,16 @@
-// Prefill GEMM of the integer weight formats on AVX2 (no VNNI). Each thread expands its weight
-// rows, 8 at a time, into a block of codes laid out as the 16-row int8 blocks of Fmt::I8_R16
-// are, per 4 columns: the 8 rows x 4 columns in one vector (int8 codes) or two (int16: rows
-// 0-3, then 4-7). A token broadcasts its 4 columns and one multiply-add per vector does all of
-// them. A weight is expanded once per chunk and an activation quantized once per chunk, where
-// the GEMVs widen the same values per token tile.
-//
-// int16 x int16 -> int32 (vpmaddwd), for W8A8 (dense, bitmask, 2:4): signed int8 codes and
-// activations both as int16, 16 exact multiply-adds per madd, -128 included (the sign trick of
-// vpmaddubsw cannot take -128 and saturates). It gains less over the fp32 panel GEMM on the same
-// weights than the 2x the instruction counts promise. The micro-kernel holds 8 rows x 6 tokens of
-// int32 accumulators (12 ymm) + 2 weight vectors + 1 broadcast: per 4 columns, 8 loads feed 12
-// madds. Each int32 lane holds two of a row's products; one hadd per 8 rows at the end joins them
-// (as gemv_i8a8 does). The whole row's dot stays in int32, y = float(dot) * (xscale * scale), the
-// GEMV's float operations, so prefill gives the decode kernels' bits.
-//
-// Int4, dense (Fmt::I4) and bitmask (Fmt::SP_I4, its signed nibbles q expanded as u = q + 8,
-// dropped columns 8, zero point 8), multiplies bytes instead (I4Kernel): unsigned nibbles u x
-// int8 codes is what vpmaddubsw takes exactly, 32 multiply-adds per instruction. The zero point
-// comes off per 32 columns as z * (the token's sum of those codes). It serves W4A8 and, for a
-// prompt, weight-only int4 with x quantized per weight group (quantize_groups, the AVX-512
-// GEMM's codes); bitmask int4 in the int16 kernel, with a dot per group, was far slower.
-// Weight-only int8 and bitmask int8 prompts keep the fp32 panel GEMM here: with x quantized per
-// group of 32 columns, as the AVX-512 int8 GEMM does, a dot per 32 columns in the int16 kernel
-// is slower than the fp32 GEMM.
+// Prefill GEMM of int4 weights on AVX2 (no VNNI), dense (Fmt::I4, Fmt::I4K) and bitmask
+// (Fmt::SP_I4). Each thread expands its weight rows, 8 at a time, into a block of unsigned
+// nibbles as bytes laid out as the 16-row int8 blocks of Fmt::I8_R16 are, per 4 columns: the
+// 8 rows x 4 columns in one vector. A token broadcasts its 4 int8 codes and one vpmaddubsw per
+// vector multiplies all of them (I4Kernel). A weight is expanded once per chunk and an
+// activation quantized once per chunk, where the GEMVs widen the same values per token tile.
+// Bitmask int4's signed nibbles q are expanded as u = q + 8 (dropped columns 8, zero point 8).
+// It serves W4A8 and, for a prompt, weight-only int4 with x quantized per weight group
+// (quantize_groups, the AVX-512 GEMM's codes); bitmask int4 in an int16 kernel, with a dot per
+// group, was far slower. W8A8 prefill is the fp32 panel GEMM on the integer codes
+// (kernels/avx2/gemm.cpp panel_gemm_codes); weight-only int8 and bitmask int8 prompts keep the
+// fp32 panel GEMM: with x quantized per group of 32 columns, as the AVX-512 int8 GEMM does, a
+// dot per 32 columns was slower than the fp32 GEMM.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -41,13 +29,8 @@ namespace {
 
 constexpr int64_t kRows = 8;  // rows per expanded block
 
-// Row streams: begin(i, row) starts slot i on a weight row, next(i, k) returns its signed codes
-// at columns [k, k + 32) (called for k = 0, 32, ... in order).
-struct NoRows {  // Fmt::I8_R16 is stored as blocks already (expand_block widens them)
-  void begin(int, int64_t) {}
-  __m256i next(int, int64_t) { return _mm256_setzero_si256(); }
-};
-
+// Row streams: begin(i, row) starts slot i on a weight row, next(i, k) returns its unsigned
+// nibbles as bytes at columns [k, k + 32) (called for k = 0, 32, ... in order).
 struct I4Rows {  // Fmt::I4: a 16-byte block -> its 32 unsigned nibbles in column order
   const Weight& w;
   const uint8_t* q[kRows];
@@ -59,7 +42,7 @@ struct I4Rows {  // Fmt::I4: a 16-byte block -> its 32 unsigned nibbles in colum
   }
 };
 
-struct SpI8Rows {  // Fmt::SP_I8: 32 columns = 4 mask bytes, expanded by table shuffles
+struct SpI8Rows {  // bitmask rows of bytes: 32 columns = 4 mask bytes, expanded by table shuffles
   const Weight& w;
   const int8_t* v[kRows];
   const uint8_t* m[kRows];
@@ -95,64 +78,15 @@ struct SpI4Rows : SpI8Rows {
   }
 };
 
-// Fmt::S24_I8: a 64-column block holds 4 chunks of 16 columns; chunk c's 8 values are slot
-// kSlotChunk[c]'s (an involution), whose columns within the chunk s24_control gives. A 128-bit
-// lane places one chunk with a pshufb: column j is in group m = j / 4, which holds values 2m
-// and 2m + 1 (the latter wins a tie, as in the scalar walk).
-struct S24Rows {
-  const Weight& w;
-  const int8_t* v[kRows];
-  const uint64_t* meta[kRows];
-  void begin(int i, int64_t r) {
-    v[i] = static_cast<const int8_t*>(w.data) + r * (w.kp / 2);
-    meta[i] = w.meta + r * (w.kp / 64);
-  }
-  __m256i next(int i, int64_t k) {
-    const int8_t* vals = v[i] + k / 64 * 32;
-    const int sa = kSlotChunk[k % 64 / 16], sb = kSlotChunk[k % 64 / 16 + 1];
-    // slot sa's columns in the low qword of lane 0, slot sb's in that of lane 1
-    const __m256i cols = _mm256_permutevar8x32_epi32(
-        s24_control(meta[i][k / 64]),
-        _mm256_setr_epi32(2 * sa, 2 * sa + 1, 0, 0, 2 * sb, 2 * sb + 1, 0, 0));
-    const auto slot = [&](int s) {
-      return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(vals + 8 * s));
-    };
-    const __m256i x = _mm256_set_m128i(slot(sb), slot(sa));
-    const __m256i even = _mm256_setr_epi8(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6,
-                                          0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
-    const __m256i odd = _mm256_add_epi8(even, _mm256_set1_epi8(1));
-    const __m256i col = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                                         0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m256i at0 = _mm256_cmpeq_epi8(col, _mm256_shuffle_epi8(cols, even));
-    const __m256i at1 = _mm256_cmpeq_epi8(col, _mm256_shuffle_epi8(cols, odd));
-    __m256i ctrl = _mm256_blendv_epi8(_mm256_set1_epi8(char(0x80)), even, at0);
-    ctrl = _mm256_blendv_epi8(ctrl, odd, at1);
-    return _mm256_shuffle_epi8(x, ctrl);
-  }
-};
-
-// 32 bytes = 8 rows x 4 columns (row-major) -> the block's codes for them: as they are (int8),
-// or as two int16 vectors.
+// 32 bytes = 8 rows x 4 columns (row-major) -> the block.
 inline void store_codes(__m256i v, uint8_t* out) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(out), v);
 }
-inline void store_codes(__m256i v, int16_t* out) {
-  const I16x32 w = widen_i8(v);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out), w.lo);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16), w.hi);
-}
 
 // Rows [r, min(r + 8, r1)) -> one block of kRows * kp codes (rows past r1: zeros).
-template <class Code, class Rows>
-void expand_block(const Weight& w, Rows& rows, int64_t r, int64_t r1, Code* blk) {
+template <class Rows>
+void expand_block(const Weight& w, Rows& rows, int64_t r, int64_t r1, uint8_t* blk) {
   const int n = int(std::min<int64_t>(kRows, r1 - r));
-  if (w.fmt == Fmt::I8_R16) {  // the block is half of a 16-row int8 block already
-    const int8_t* src = r16_block(w, r / kRowBlock16) + 32 * (r % kRowBlock16 / kRows);
-    for (int64_t k = 0; k < w.kp; k += 4)
-      store_codes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * k)),
-                  blk + 8 * k);
-    return;
-  }
   for (int i = 0; i < n; ++i) rows.begin(i, r + i);
   for (int64_t k = 0; k < w.kp; k += 32) {
     __m256i v[kRows];
@@ -185,56 +119,13 @@ void run_tiles(const K& k, int64_t T) {
   for (int64_t t0 = 0; t0 < T; t0 += K::kMaxNT) tail(k, std::min<int64_t>(K::kMaxNT, T - t0), t0);
 }
 
-// A block's int32 lanes (two per row, rows 0-3 in a, 4-7 in b) -> the 8 rows' dots in order.
-inline __m256i join_rows(__m256i a, __m256i b) {
-  return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a, b),
-                                     _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
-}
-
-// W8A8 (dense, bitmask, 2:4): one int32 dot per row and token over the whole row, y =
-// float(dot) * (xscale * scale), the GEMV's float operations. 6 tokens per tile: 12 int32
-// accumulators, 2 weight vectors, 1 broadcast.
-struct Kernel {
-  const int16_t* blk;  // kRows * kp codes
-  const float* sc;     // the block's 8 row scales
-  const GemmActs& a;
-  int64_t kp;
-  float* y;
-  int64_t ldy, r, n;  // rows r .. r + n - 1 are stored
-  static constexpr int kMaxNT = 6;
-
-  template <int NT>
-  [[gnu::noinline]] void tile(int64_t t0) const {
-    const int16_t* xw = a.xw + t0 * kp;
-    __m256i dot[2][NT];
-    for (int t = 0; t < NT; ++t) dot[0][t] = dot[1][t] = _mm256_setzero_si256();
-    _Pragma("GCC unroll 8") for (int64_t k = 0; k < kp; k += 4) {
-      const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k));
-      const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(blk + 8 * k + 16));
-      for (int t = 0; t < NT; ++t) {
-        int64_t x4;
-        std::memcpy(&x4, xw + t * kp + k, 8);
-        const __m256i xb = _mm256_set1_epi64x(x4);
-        dot[0][t] = _mm256_add_epi32(dot[0][t], _mm256_madd_epi16(w0, xb));
-        dot[1][t] = _mm256_add_epi32(dot[1][t], _mm256_madd_epi16(w1, xb));
-      }
-    }
-    for (int t = 0; t < NT; ++t) {
-      const __m256 out =
-          _mm256_mul_ps(_mm256_cvtepi32_ps(join_rows(dot[0][t], dot[1][t])),
-                        _mm256_mul_ps(_mm256_set1_ps(a.xs[t0 + t]), _mm256_load_ps(sc)));
-      store_rows(out, y + (t0 + t) * ldy + r, n);
-    }
-  }
-};
-
 // Fmt::I4: the block holds the nibbles u as bytes, so one vpmaddubsw multiplies a vector (8
 // rows x 4 columns) by a token's 4 int8 codes into 16 int16 pair sums, exact (|u x| <= 15 *
 // 128), and 8 of them (32 columns) sum to at most 30720, no saturation. Every 32 columns a
 // vpmaddwd by ones joins each row's pairs into its dot (lane i: row i), the zero point comes off
 // as z * (the token's sum of those codes), exact in fp32 (integers below 2^24), and the dot
 // times its scale is added to the token's fp32 accumulator: per 4 columns and token one maddubs
-// and one add, where the int16 kernel does two madds and two adds. 6 tokens per tile: 6 int16
+// and one add, where int16 codes take two madds and two adds. 6 tokens per tile: 6 int16
 // + 6 fp32 accumulators, the weight vector, the broadcast and the ones (15 ymm).
 // kTokenScale: W4A8 (x scaled per token, applied at the end); else x is quantized per weight
 // group, and each group's dot is scaled by the weight's scale times the token's.
@@ -294,21 +185,19 @@ struct I4Kernel {
   }
 };
 
-// One thread's expanded block, its scales and (int4) zero points.
+// One thread's expanded block, its scales and zero points.
 struct Expanded {
-  AlignedVector<int16_t> codes;   // (kRows, kp) in the block layout (the int16 kernel)
-  AlignedVector<uint8_t> nibbles; // (kRows, kp) in the block layout (I4Kernel)
+  AlignedVector<uint8_t> nibbles; // (kRows, kp) in the block layout
   AlignedVector<int8_t> rows;     // SP_I4: (kRows, sp_i4_row_bytes) unpacked rows
   AlignedVector<float> scale;     // (groups, kRows)
   AlignedVector<float> zero;      // (groups, kRows)
 };
 
-// Rows [r, r + n)'s scales (w.scale is (rows, groups)) and, for int4, zero points -> ex, per
+// Rows [r, r + n)'s scales (w.scale is (rows, groups)) and zero points -> ex, per
 // group; rows past n get 0 (their outputs are not stored). Bitmask int4 is symmetric: its
 // unsigned codes q + 8 (SpI4Rows) have the zero point 8, as symmetric dense int4's do.
 void expand_scales(const Weight& w, int64_t r, int64_t n, Expanded& ex) {
   const int64_t groups = scale_groups(w);
-  const bool int4 = is_int4(w.fmt);
   for (int64_t i = 0; i < kRows; ++i)
     for (int64_t g = 0; g < groups; ++g) {
       if (w.fmt == Fmt::I4K) {
@@ -317,19 +206,8 @@ void expand_scales(const Weight& w, int64_t r, int64_t n, Expanded& ex) {
         continue;
       }
       ex.scale[g * kRows + i] = i < n ? w.scale[(r + i) * groups + g] : 0.f;
-      if (int4) ex.zero[g * kRows + i] = w.asym && i < n ? w.zero[(r + i) * groups + g] : 8.f;
+      ex.zero[g * kRows + i] = w.asym && i < n ? w.zero[(r + i) * groups + g] : 8.f;
     }
-}
-
-template <class Rows>
-void gemm_int16(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t r0,
-                int64_t r1, Rows&& rows, Expanded& ex) {
-  for (int64_t r = r0; r < r1; r += kRows) {
-    const int64_t n = std::min(kRows, r1 - r);
-    expand_block(w, rows, r, r1, ex.codes.data());
-    expand_scales(w, r, n, ex);
-    run_tiles(Kernel{ex.codes.data(), ex.scale.data(), a, w.kp, y, ldy, r, n}, a.T);
-  }
 }
 
 template <class Rows>
@@ -365,20 +243,12 @@ void int_gemm(const Weight& w, const GemmActs& a, float* y, int64_t ldy, int64_t
     if (v.size() < size) v.resize(size);
   };
   grow(ex.scale, scales);
-  if (is_int4(w.fmt)) {
-    grow(ex.nibbles, codes);
-    grow(ex.zero, scales);
-    if (w.fmt == Fmt::I4 || w.fmt == Fmt::I4K)  // the same nibbles
-      return gemm_i4(w, a, y, ldy, r0, r1, I4Rows{w, {}}, ex);
-    grow(ex.rows, size_t(kRows * sp_i4_row_bytes(w)));
-    return gemm_i4(w, a, y, ldy, r0, r1, SpI4Rows{{w, {}, {}}, ex.rows.data()}, ex);
-  }
-  grow(ex.codes, codes);
-  switch (w.fmt) {
-    case Fmt::I8_R16: return gemm_int16(w, a, y, ldy, r0, r1, NoRows{}, ex);
-    case Fmt::SP_I8: return gemm_int16(w, a, y, ldy, r0, r1, SpI8Rows{w, {}, {}}, ex);
-    default: return gemm_int16(w, a, y, ldy, r0, r1, S24Rows{w, {}, {}}, ex);  // S24_I8
-  }
+  grow(ex.nibbles, codes);
+  grow(ex.zero, scales);
+  if (w.fmt == Fmt::I4 || w.fmt == Fmt::I4K)  // the same nibbles
+    return gemm_i4(w, a, y, ldy, r0, r1, I4Rows{w, {}}, ex);
+  grow(ex.rows, size_t(kRows * sp_i4_row_bytes(w)));
+  gemm_i4(w, a, y, ldy, r0, r1, SpI4Rows{{w, {}, {}}, ex.rows.data()}, ex);
 }
 
 // One row x (kp) -> int8 codes q and scales xs per `group` columns, as avx512::quantize_groups
