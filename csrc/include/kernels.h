@@ -27,9 +27,9 @@ struct Acts {
 };
 
 // Activations of the integer GEMMs of prefill (AVX-512 int8; AVX2: W8A8 exact in fp32, int4
-// int8): x's int8 codes, (T, kp), and their scales, per token (W8A8, W4A8: the GEMV's xq / xscale) or per group
-// of columns, (T, kp / group) (weight-only formats: quantized for the GEMM alone,
-// int_gemm_act_group).
+// int8): x's int8 codes, (T, kp), and their scales, per token (W8A8, W4A8: the GEMV's xq /
+// xscale) or per group of columns, (T, kp / group) (weight-only formats: quantized for the GEMM
+// alone, int_gemm_act_group).
 struct GemmActs {
   int64_t T = 0;
   const uint8_t* xu = nullptr;   // AVX-512: codes + 128

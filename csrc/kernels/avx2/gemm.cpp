@@ -15,9 +15,9 @@
 // are exact, each block's sums are stored as int32 and added as int32, and a row's dot is
 // the GEMV's exact int32 dot; y = float(dot) * (xscale * scale) is then the GEMV's float
 // operations, so prefill gives decode's bits. It beats multiplying int16 codes with vpmaddwd
-// (the form it replaced, 10% slower on Zen 1's layers): where 256-bit integer multiplies issue on one
-// pipe, FMAs issue on two, so both top out at 16 products per cycle pair, and the FMA loop has
-// no separate adds.
+// (the form it replaced, 10% slower on Zen 1's layers): where 256-bit integer multiplies issue
+// on one pipe, FMAs issue on two, so both top out at 16 products per cycle pair, and the FMA
+// loop has no separate adds.
 #include <immintrin.h>
 
 #include "aligned.h"
@@ -77,6 +77,23 @@ static inline void micro(const float* Wt, const float* X, int64_t ldx, int64_t k
   }
 }
 
+// The panel's rows k-major (Wt[k][48]), 8 rows at a time (decoded into buf, which stays in
+// L2), 8 x 8 blocks transposed in registers (k is a multiple of 8); rows past nr zero.
+static void pack_rows(const PanelRows& W, float* Wt, float* buf) {
+  const int64_t k = W.w.kp;
+  for (int i = 0; i < 2 * kGroups; ++i) {
+    const int64_t left = W.nr - 8 * i, n = left <= 0 ? 0 : left < 8 ? left : 8;
+    const float* src = n ? W.rows(8 * i, n, buf) : nullptr;
+    for (int64_t p = 0; p < k; p += 8) {
+      __m256 r[8];
+      for (int j = 0; j < 8; ++j)
+        r[j] = j < n ? _mm256_loadu_ps(src + j * k + p) : _mm256_setzero_ps();
+      transpose8(r);
+      for (int j = 0; j < 8; ++j) _mm256_store_ps(Wt + (p + j) * kPanelRows + 8 * i, r[j]);
+    }
+  }
+}
+
 // Fmt::I8_R16's codes as floats, k-major (Wt[k][48]): a 16-row block holds each 4 columns as
 // 16 rows x 4 bytes; a shuffle puts each column's 8 rows (of rows 0-7, then 8-15) in a qword,
 // which is widened to 8 floats. Groups past the panel's rows are zero.
@@ -97,7 +114,8 @@ static void pack_r16_codes(const PanelRows& W, float* Wt) {
     const int8_t* blk = r16_block(W.w, (W.r0 + 16 * g) / kRowBlock16);
     for (int64_t p = 0; p < k; p += 4)
       for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h + 7
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 * p + 32 * h));
+        const __m256i v =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 * p + 32 * h));
         alignas(32) int64_t cols[4];
         _mm256_store_si256(reinterpret_cast<__m256i*>(cols),
                            _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, by_col), order));
@@ -123,21 +141,8 @@ static void panel(const PanelRows& W, const float* X, int64_t ldx, int64_t T, fl
   if (packed.size() < size_t(kPanelRows * k)) packed.resize(size_t(kPanelRows * k));
   if (rows8.size() < size_t(8 * k)) rows8.resize(size_t(8 * k));
   float* Wt = packed.data();
-  // k-major, 8 rows at a time (decoded into rows8, which stays in L2), 8 x 8 blocks transposed
-  // in registers (k is a multiple of 8); rows past nr zero
-  if (kCodes && W.w.fmt == Fmt::I8_R16) {
-    pack_r16_codes(W, Wt);
-  } else for (int i = 0; i < 2 * kGroups; ++i) {
-    const int64_t left = nr - 8 * i, n = left <= 0 ? 0 : left < 8 ? left : 8;
-    const float* src = n ? W.rows(8 * i, n, rows8.data()) : nullptr;
-    for (int64_t p = 0; p < k; p += 8) {
-      __m256 r[8];
-      for (int j = 0; j < 8; ++j)
-        r[j] = j < n ? _mm256_loadu_ps(src + j * k + p) : _mm256_setzero_ps();
-      transpose8(r);
-      for (int j = 0; j < 8; ++j) _mm256_store_ps(Wt + (p + j) * kPanelRows + 8 * i, r[j]);
-    }
-  }
+  if (kCodes && W.w.fmt == Fmt::I8_R16) pack_r16_codes(W, Wt);
+  else pack_rows(W, Wt, rows8.data());
   RowMasks rm;
   for (int i = 0; i < 2 * kGroups; ++i) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
