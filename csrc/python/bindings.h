@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -19,12 +20,24 @@ namespace sl::binding {
 
 namespace py = pybind11;
 
+// Kernels load whole elements, and a misaligned one is undefined behaviour: a buffer viewed in
+// place from a file's bytes can sit at any address (kernels/formats.py PackedWeight.native
+// copies such a buffer first), so one that reaches here misaligned is refused, never read.
+inline void check_aligned(const py::array& a, size_t alignment, const char* name) {
+  const auto address = reinterpret_cast<uintptr_t>(a.data());
+  if (address % alignment)
+    throw std::invalid_argument(std::string(name) + ": its buffer is not aligned to " +
+                                std::to_string(alignment) + " bytes (address " +
+                                std::to_string(address) + "); copy it first");
+}
+
 template <typename T>
 T* ptr_of(const py::array& a, const char* name) {
   if (!py::isinstance<py::array_t<T>>(a) || !(a.flags() & py::array::c_style))
     throw std::invalid_argument(std::string(name) + ": expected a C-contiguous " +
                                 py::str(py::dtype::of<T>()).cast<std::string>() + " array, got " +
                                 py::str(a.dtype()).cast<std::string>());
+  check_aligned(a, alignof(T), name);
   return static_cast<T*>(const_cast<void*>(a.data()));
 }
 
@@ -37,6 +50,7 @@ inline std::pair<void*, KvType> kv_ptr(const py::array& a, const char* name) {
   else return {ptr_of<float>(a, name), type};
   if (!(a.flags() & py::array::c_style))
     throw std::invalid_argument(std::string(name) + ": expected a C-contiguous array");
+  check_aligned(a, size_t(a.itemsize()), name);
   return {const_cast<void*>(a.data()), type};
 }
 

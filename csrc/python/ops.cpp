@@ -64,6 +64,7 @@ PyWeight make_weight(const std::string& fmt, int64_t rows, int64_t cols, int64_t
   w.group = group;
   w.asym = asym;
   if (!(data.flags() & py::array::c_style)) throw std::invalid_argument("data must be C-contiguous");
+  check_aligned(data, size_t(data.itemsize()), "data");
   w.data = data.data();
   w.scale = opt_ptr<float>(scale, "scale");
   w.zero = opt_ptr<uint8_t>(zero, "zero");

@@ -7,7 +7,8 @@ import pytest
 
 from sparsellm import kernels
 from sparsellm.kernels._ext import native
-from sparsellm.kernels.formats import FORMATS, dense_twin, packed_nbytes, parse_format
+from sparsellm.kernels.formats import (FORMATS, PackedWeight, dense_twin, packed_nbytes,
+                                       parse_format)
 from sparsellm.kernels.layouts import LAYOUTS, Sparsity
 
 
@@ -76,11 +77,10 @@ def test_float64_weights_pack_as_their_float32_values(rng):
 
 def _native_weight(fmt="SP_I8", act_int8=False, group=0, asym=False, **buffers):
     rows, kp = 4, 64
-    defaults = {"scale": np.ones(rows, np.float32), "mask": np.zeros((rows, kp // 8), np.uint8),
-                "row_off": np.zeros(rows + 1, np.int64)}
+    defaults = {"data": np.zeros(kp, np.int8), "scale": np.ones(rows, np.float32),
+                "mask": np.zeros((rows, kp // 8), np.uint8), "row_off": np.zeros(rows + 1, np.int64)}
     return native().NativeWeight(fmt=fmt, rows=rows, cols=kp, kp=kp, act_int8=act_int8,
-                                 group=group, asym=asym, data=np.zeros(kp, np.int8),
-                                 **{**defaults, **buffers})
+                                 group=group, asym=asym, **{**defaults, **buffers})
 
 
 def test_native_weights_are_checked_against_their_format():
@@ -101,3 +101,31 @@ def test_native_weights_are_checked_against_their_format():
     ]:
         with pytest.raises(ValueError, match=message):
             _native_weight(**kwargs)
+
+
+def _misaligned(a: np.ndarray) -> np.ndarray:
+    """A copy of `a` one byte past an aligned address, as a file's bytes viewed in place can be
+    (a GGUF whose general.alignment is 1)."""
+    raw = np.zeros(a.nbytes + 1, np.uint8)
+    view = raw[1:].view(a.dtype).reshape(a.shape)
+    view[...] = a
+    assert not view.flags.aligned
+    return view
+
+
+def test_native_code_refuses_misaligned_buffers(rng):
+    """A kernel's load of a misaligned element is undefined behaviour, so native code refuses a
+    buffer at an address that is not a multiple of its element size; PackedWeight.native()
+    copies one first, so a packed weight over misaligned arrays runs as its aligned twin."""
+    with pytest.raises(ValueError, match="scale: its buffer is not aligned to 4 bytes"):
+        _native_weight(scale=_misaligned(np.ones(4, np.float32)))
+    with pytest.raises(ValueError, match="data: its buffer is not aligned to 4 bytes"):
+        _native_weight(fmt="F32", data=_misaligned(np.zeros(4 * 64, np.float32)), scale=None,
+                       mask=None, row_off=None)
+    p = kernels.pack(rng.standard_normal((8, 64)).astype(np.float32), "fp32")
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    with pytest.raises(ValueError, match="x: its buffer is not aligned"):
+        native().linear(_misaligned(x), p.native(), np.empty((3, 8), np.float32), False, False)
+    q = PackedWeight(spec=p.spec, shape=p.shape, kp=p.kp,
+                     arrays={k: _misaligned(v) for k, v in p.arrays.items()})
+    np.testing.assert_array_equal(kernels.linear(x, q), kernels.linear(x, p))

@@ -136,9 +136,9 @@ class NativeDecoderModel:
         # a file): what a converted-weights cache keeps.
         self.converted = {name: w for name, w in self.packed.items() if id(w) in moved}
 
-        def vec(name: str) -> np.ndarray | None:
+        def vec(name: str) -> np.ndarray | None:  # aligned: a file's view may not be
             t = tensors.get(name)
-            return None if t is None else np.ascontiguousarray(t, dtype=np.float32)
+            return None if t is None else np.require(t, np.float32, ["C", "A"])
 
         layers = []
         for i in range(args.num_hidden_layers):

@@ -9,7 +9,7 @@ from .formats import KV_SCALE_BYTES, PackedWeight
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return np.require(a, np.float32, ["C", "A"])  # native code refuses a misaligned view
 
 
 def linear(x: np.ndarray, w: PackedWeight, out: np.ndarray | None = None,
