@@ -38,8 +38,9 @@ constexpr bool kGroupSums = true, kInt16Codes = true;
 constexpr int64_t kGemvMaxTokensF32 = 8, kGemvMaxTokensI4A8 = 32, kGemvAlways = INT64_MAX;
 constexpr int64_t kGemvMaxTokensW8A8Vnni = 40, kGemvMaxTokensSparseW8A8Vnni = 24,
                   kGemvMaxTokensVnni = 8;
-// On AVX2 they go to the int16 GEMM (kernels/avx2/gemm_int.cpp) above avx2_max_tokens, the
-// crossovers of the same measurement on an AVX2-only AMD EPYC (the same bits either way for W8A8).
+// On AVX2 they go to the integer GEMMs (W8A8: kernels/avx2/gemm.cpp panel_gemm_codes; int4:
+// kernels/avx2/gemm_int.cpp) above avx2_max_tokens, the crossovers of the same measurement on an
+// AVX2-only AMD EPYC against the int16 GEMM W8A8 had before (the same bits either way for W8A8).
 constexpr int64_t kGemvMaxTokensW8A8Madd = 16, kGemvMaxTokensSparseW8A8Madd = 8,
                   kGemvMaxTokensS24W8A8Madd = 24, kGemvMaxTokensSparseW4A8Madd = 8,
                   kGemvMaxTokensI4A8Madd = 16;

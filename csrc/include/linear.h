@@ -46,7 +46,8 @@ constexpr int kMaxMulti = 4;        // most weights linear_multi fuses into one 
 // Up to gemv_max_tokens(w) tokens, linear() streams each packed weight once and computes every
 // token's row like T == 1 does (bitwise equal results per token, int32-exact for W8A8); above
 // it a GEMM runs (faster per token for prefill, but rounding differs): the integer GEMM of
-// the int8-activation formats on AVX2 (int16; int8 for dense int4) and AVX-512 (int8), and in
+// the int8-activation formats on AVX2 (W8A8: exact fp32 FMAs on the codes; int4: int8) and
+// AVX-512 (int8), and in
 // a prompt (LinearScratch::prompt) of weight-only int4 (AVX2, AVX-512) and int8 (AVX-512), which
 // keeps W8A8's GEMV bits (kernels.h GemmActs), otherwise weight panels decoded to fp32 once. The
 // limit is the format's, per activation type (kFmtTraits); set_gemv_max_tokens(n > 0)
