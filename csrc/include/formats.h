@@ -40,9 +40,10 @@ constexpr int64_t kGemvMaxTokensW8A8Vnni = 40, kGemvMaxTokensSparseW8A8Vnni = 24
                   kGemvMaxTokensVnni = 8;
 // On AVX2 they go to the integer GEMMs (W8A8: kernels/avx2/gemm.cpp panel_gemm_codes; int4:
 // kernels/avx2/gemm_int.cpp) above avx2_max_tokens, the crossovers of the same measurement on an
-// AVX2-only AMD EPYC against the int16 GEMM W8A8 had before (the same bits either way for W8A8).
-constexpr int64_t kGemvMaxTokensW8A8Madd = 16, kGemvMaxTokensSparseW8A8Madd = 8,
-                  kGemvMaxTokensS24W8A8Madd = 24, kGemvMaxTokensSparseW4A8Madd = 8,
+// AVX2-only AMD EPYC (Zen 1; W8A8's the same at TinyLlama-1.1B shapes, and the same bits either
+// way): a W8A8 panel's packing costs about what 4 (dense) to 8 (bitmask, 2:4) tokens' products do.
+constexpr int64_t kGemvMaxTokensW8A8Madd = 16, kGemvMaxTokensSparseW8A8Madd = 32,
+                  kGemvMaxTokensS24W8A8Madd = 32, kGemvMaxTokensSparseW4A8Madd = 8,
                   kGemvMaxTokensI4A8Madd = 16;
 
 // A format's GEMVs for one type of activations: per ISA (avx512 {}: the AVX2 kernel runs on
@@ -126,7 +127,7 @@ inline constexpr FmtTraits kFmtTraits[] = {
    {{scalar::gemv_s24_i8}, {avx2::gemv_s24_i8}, {avx512::gemv_s24_i8}, kGemvMaxTokensF32},
    {{scalar::gemv_s24_i8a8}, {avx2::gemv_s24_i8a8}, {avx512::gemv_s24_i8a8}, kGemvAlways,
     kGemvMaxTokensS24W8A8Madd, kGemvMaxTokensVnni},
-   scalar::decode_rows_s24_i8},
+   scalar::decode_rows_s24_i8, avx2::decode_rows_s24_i8},
   {Fmt::I8_R16, "I8_R16", 8, false, Sparsity::Dense, false, false,
    {},
    {{scalar::gemv_i8a8}, {avx2::gemv_i8a8}, {avx512::gemv_i8a8}, kGemvAlways,

@@ -52,7 +52,6 @@ int64_t int_gemm_act_group(const Weight& w);
 struct PanelRows {
   const Weight& w;
   int64_t r0, nr;
-  bool codes = false;  // integer formats: rows() gives their integer codes, unscaled
   // Rows r0 + i .. r0 + i + n (i + n <= nr) with stride w.kp: in place, or decoded into buf
   // (n * w.kp floats). Out of line (runtime/linear.cpp): portable code.
   const float* rows(int64_t i, int64_t n, float* buf) const;
@@ -90,7 +89,7 @@ namespace avx2 {
 SL_GEMV_KERNELS(SL_DECLARE_GEMV)
 void panel_gemm(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
                 int64_t ldy);
-// W8A8 prefill (dense, bitmask, 2:4): the panel GEMM on integer codes (W.codes; X: the int8
+// W8A8 prefill (dense, bitmask, 2:4): the panel GEMM on the weights' integer codes (X: the int8
 // codes of the activations as floats), exact int32 dots per row, then y = float(dot) *
 // (xscale[t] * scale[r]): the GEMV's bits (kernels/avx2/gemm.cpp).
 void panel_gemm_codes(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
@@ -112,6 +111,7 @@ void gemv_i4k_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t 
 void gemv_i8_xg(const Weight& w, const Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void decode_rows_sp_f32(const Weight& w, int64_t r0, int64_t r1, float* out);
 void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
+void decode_rows_s24_i8(const Weight& w, int64_t r0, int64_t r1, float* out);
 }  // namespace avx2
 
 namespace avx512 {

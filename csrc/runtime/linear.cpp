@@ -97,12 +97,12 @@ static void prepare(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t k
 
 // Calls f(PanelRows) for w's panels of kPanelRows rows, the threads taking contiguous runs.
 template <class F>
-static void for_panels(const Weight& w, int64_t T, bool codes, F&& f) {
+static void for_panels(const Weight& w, int64_t T, F&& f) {
   const int64_t npanels = (w.rows + kPanelRows - 1) / kPanelRows;
   parallel(w.rows * w.kp * T >= 16 * kMinParallelWork, [&](int id, int nt) {
     for (int64_t p = id * npanels / nt; p < (id + 1) * npanels / nt; ++p) {
       const int64_t r0 = p * kPanelRows;
-      f(PanelRows{w, r0, std::min(w.rows - r0, kPanelRows), codes});
+      f(PanelRows{w, r0, std::min(w.rows - r0, kPanelRows)});
     }
   });
 }
@@ -119,21 +119,12 @@ static void panel_linear(const Weight& w, int64_t T, float* y, int64_t ldy, Line
   const auto gemm = use_avx512() ? avx512::panel_gemm
                     : use_avx2()  ? avx2::panel_gemm
                                   : scalar::panel_gemm;
-  for_panels(w, T, false, [&](const PanelRows& p) { gemm(p, xp, kp, T, y + p.r0, ldy); });
+  for_panels(w, T, [&](const PanelRows& p) { gemm(p, xp, kp, T, y + p.r0, ldy); });
 }
 
 const float* PanelRows::rows(int64_t i, int64_t n, float* buf) const {
   if (w.fmt == Fmt::F32) return static_cast<const float*>(w.data) + (r0 + i) * w.kp;
-  if (!codes) {
-    decode_rows(w, r0 + i, r0 + i + n, buf);
-    return buf;
-  }
-  // The codes: the same weight with every row's scale 1 decodes to code * 1.0f, exactly.
-  thread_local AlignedVector<float> ones;
-  if (ones.size() < size_t(w.rows)) ones.assign(size_t(w.rows), 1.f);
-  Weight unit = w;
-  unit.scale = ones.data();
-  decode_rows(unit, r0 + i, r0 + i + n, buf);
+  decode_rows(w, r0 + i, r0 + i + n, buf);
   return buf;
 }
 
@@ -199,7 +190,7 @@ static GemmActs int_gemm_acts(const Weight* const* ws, int n, const float* x, in
 static void int_gemm_run(const Weight& w, const GemmActs& a, float* y, int64_t ldy) {
   const bool vnni = use_avx512();
   if (!vnni && !is_int4(w.fmt))  // AVX2 W8A8: the panel GEMM on the codes
-    return for_panels(w, a.T, true, [&](const PanelRows& p) {
+    return for_panels(w, a.T, [&](const PanelRows& p) {
       avx2::panel_gemm_codes(p, a.xf, w.kp, a.T, y + p.r0, ldy, a.xs);
     });
   const int64_t unit = vnni ? 2 * kRowBlock16 : kRowBlock16;  // the kernels' row granules

@@ -138,7 +138,7 @@ def test_w8a8_results_are_bitwise_the_same_on_every_isa(rng, fmt):
     try:
         for isa in isas:
             kernels.set_isa(isa)
-            # from 33 / 41 tokens the AVX2 / AVX-512 integer GEMMs (prefill) take over
+            # above each ISA's GEMV limit (at most 40 tokens) its integer GEMM takes over
             got[isa] = [kernels.linear(x[:T], p) for T in (1, 7, 8, 9, 20, 64, 75)]
     finally:
         kernels.set_isa("auto")

@@ -94,6 +94,44 @@ static void pack_rows(const PanelRows& W, float* Wt, float* buf) {
   }
 }
 
+// Row r of a bitmask (SP_I8) or 2:4 (S24_I8) int8 weight as its kp dense int8 codes, by the
+// GEMVs' expansions: 16 columns per shuffle, or 64 per 2:4 block (simd.h).
+static void code_row(const Weight& w, int64_t r, int8_t* out) {
+  const int8_t* v = static_cast<const int8_t*>(w.data);
+  if (w.fmt == Fmt::S24_I8) {
+    const int64_t nb = w.kp / 64;
+    for (int64_t b = 0; b < nb; ++b)
+      expand_s24_block(v + r * (w.kp / 2) + 32 * b, w.meta[r * nb + b], out + 64 * b);
+    return;
+  }
+  const uint8_t* mrow = w.mask + r * (w.kp / 8);
+  v += w.row_off[r];
+  for (int64_t c = 0; c < w.kp / 8; c += 2) {
+    const uint32_t m0 = mrow[c], m1 = mrow[c + 1];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * c), expand16_i8(v, m0, m1));
+    v += __builtin_popcount(m0 | m1 << 8);
+  }
+}
+
+// The codes of a bitmask or 2:4 panel as floats, k-major (Wt[k][48]), as pack_rows lays out
+// floats: 8 rows at a time expanded into buf (8 x kp bytes), 8 x 8 blocks widened and transposed.
+static void pack_code_rows(const PanelRows& W, float* Wt, int8_t* buf) {
+  const int64_t k = W.w.kp;
+  for (int i = 0; i < 2 * kGroups; ++i) {
+    const int64_t left = W.nr - 8 * i, n = left <= 0 ? 0 : left < 8 ? left : 8;
+    for (int64_t j = 0; j < n; ++j) code_row(W.w, W.r0 + 8 * i + j, buf + j * k);
+    for (int64_t p = 0; p < k; p += 8) {
+      __m256 r[8];
+      for (int j = 0; j < 8; ++j)
+        r[j] = j < n ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + j * k + p))))
+                     : _mm256_setzero_ps();
+      transpose8(r);
+      for (int j = 0; j < 8; ++j) _mm256_store_ps(Wt + (p + j) * kPanelRows + 8 * i, r[j]);
+    }
+  }
+}
+
 // Fmt::I8_R16's codes as floats, k-major (Wt[k][48]): a 16-row block holds each 4 columns as
 // 16 rows x 4 bytes; a shuffle puts each column's 8 rows (of rows 0-7, then 8-15) in a qword,
 // which is widened to 8 floats. Groups past the panel's rows are zero.
@@ -137,12 +175,13 @@ template <bool kCodes>
 static void panel(const PanelRows& W, const float* X, int64_t ldx, int64_t T, float* Y,
                   int64_t ldy, const float* xscale) {
   const int64_t k = W.w.kp, nr = W.nr;
-  thread_local AlignedVector<float> packed, rows8;
+  thread_local AlignedVector<float> packed, rows8;  // rows8: 8 decoded rows, or their codes
   if (packed.size() < size_t(kPanelRows * k)) packed.resize(size_t(kPanelRows * k));
   if (rows8.size() < size_t(8 * k)) rows8.resize(size_t(8 * k));
   float* Wt = packed.data();
-  if (kCodes && W.w.fmt == Fmt::I8_R16) pack_r16_codes(W, Wt);
-  else pack_rows(W, Wt, rows8.data());
+  if (!kCodes) pack_rows(W, Wt, rows8.data());
+  else if (W.w.fmt == Fmt::I8_R16) pack_r16_codes(W, Wt);
+  else pack_code_rows(W, Wt, reinterpret_cast<int8_t*>(rows8.data()));
   RowMasks rm;
   for (int i = 0; i < 2 * kGroups; ++i) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

@@ -115,6 +115,26 @@ void decode_rows_sp_i8(const Weight& w, int64_t r0, int64_t r1, float* out) {
   decode_bitmask_rows<int8_t>(w, r0, r1, out, expand8_i8, [&w](int64_t r) { return w.scale[r]; });
 }
 
+// 2:4 rows: each 64-column block expanded to its dense int8 columns (expand_s24_block), then
+// widened and scaled 8 at a time.
+void decode_rows_s24_i8(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  const int64_t kp = w.kp, nb = kp / 64;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int8_t* v = static_cast<const int8_t*>(w.data) + r * (kp / 2);
+    const __m256 s = _mm256_set1_ps(w.scale[r]);
+    float* o = out + (r - r0) * kp;
+    for (int64_t b = 0; b < nb; ++b) {
+      alignas(32) int8_t cols[64];
+      expand_s24_block(v + 32 * b, w.meta[r * nb + b], cols);
+      for (int j = 0; j < 8; ++j) {
+        const __m256i q = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(cols + 8 * j)));
+        _mm256_storeu_ps(o + 64 * b + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), s));
+      }
+    }
+  }
+}
+
 // W8A8 bitmask: 32 columns at a time expanded to int16 (expand32_i16) and multiplied with each
 // token's int16 codes (Acts::xw, widened once per call) by two madds. 8 tokens per tile, so
 // T <= 8 expands each row once.
