@@ -14,34 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import subprocess
 import sys
-import time
 
-import httpx
 from records import write_record
 
-from sparsellm.server.loadtest import LoadResult, run_load
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not healthy after {timeout} s")
+from sparsellm.server.loadtest import LoadResult, free_port, run_load, wait_healthy
 
 
 def load(url: str, args: argparse.Namespace) -> LoadResult:

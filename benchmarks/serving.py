@@ -36,7 +36,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,8 @@ import numpy as np
 import render
 from peers import DEEPSPARSE, PAIRS, prepare
 from records import machine, write_record
+
+from sparsellm.server.loadtest import free_port, wait_healthy
 
 DEFAULT_PAIRS = ["bf16", "int8_a8", "int4_g32"]
 SERVING_PAIRS = [pair for pair in PAIRS if pair not in DEEPSPARSE]  # those ik_llama.cpp runs
@@ -110,12 +111,6 @@ def sequence_tokens(tokenizer_folder: Path, prompts: list[str], max_tokens: int)
     return -(-(longest + max_tokens + 16) // 64) * 64
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_command(system: str, path: Path, weights: str, port: int, threads: int, streams: int,
                    context: int, requests: int, ik_dir: Path | None) -> list[str]:
     """The command line that serves path on port: ours or ik_llama.cpp's llama-server (absolute
@@ -142,18 +137,7 @@ def running(command: list[str], port: int, log_path: Path) -> Iterator[str]:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=log_path.parent, start_new_session=True)
         try:
-            deadline = time.monotonic() + READY_TIMEOUT
-            while True:
-                if proc.poll() is not None:
-                    raise SystemExit(f"{command[0]} exited with status {proc.returncode}; its "
-                                     f"log:\n{log_path.read_text()[-3000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{command[0]} not ready after {READY_TIMEOUT:.0f} s; its "
-                                     f"log:\n{log_path.read_text()[-3000:]}")
-                time.sleep(0.5)
+            wait_healthy(url, proc, READY_TIMEOUT, log_path)
             yield url
         finally:
             with contextlib.suppress(ProcessLookupError):

@@ -7,8 +7,7 @@ import pytest
 
 from sparsellm import kernels
 from sparsellm.kernels._ext import native
-from sparsellm.kernels.formats import (FORMATS, PackedWeight, dense_twin, packed_nbytes,
-                                       parse_format)
+from sparsellm.kernels.formats import FORMATS, PackedWeight, dense_twin, packed_nbytes, parse_format
 from sparsellm.kernels.layouts import LAYOUTS, Sparsity
 
 
@@ -78,7 +77,8 @@ def test_float64_weights_pack_as_their_float32_values(rng):
 def _native_weight(fmt="SP_I8", act_int8=False, group=0, asym=False, **buffers):
     rows, kp = 4, 64
     defaults = {"data": np.zeros(kp, np.int8), "scale": np.ones(rows, np.float32),
-                "mask": np.zeros((rows, kp // 8), np.uint8), "row_off": np.zeros(rows + 1, np.int64)}
+                "mask": np.zeros((rows, kp // 8), np.uint8),
+                "row_off": np.zeros(rows + 1, np.int64)}
     return native().NativeWeight(fmt=fmt, rows=rows, cols=kp, kp=kp, act_int8=act_int8,
                                  group=group, asym=asym, **{**defaults, **buffers})
 

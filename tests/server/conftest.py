@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,15 +15,10 @@ import httpx
 import pytest
 import yaml
 
+from sparsellm.server.loadtest import free_port, wait_healthy
 from subprocess_env import subprocess_env
 
 API_KEY = "test-key-123"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -50,17 +43,9 @@ class ServerProcess:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=60, **kwargs)
 
     def wait_ready(self, timeout: float = 60) -> ServerProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"server not healthy after {timeout} s:\n{self.output()}")
+        self.log.flush()
+        wait_healthy(self.url, self.proc, timeout, self.log_path)
+        return self
 
     def output(self) -> str:
         self.log.flush()

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import socket
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +34,33 @@ class LoadResult:
     latency_p50: float  # seconds from sending a request to its last byte, over the answered
     latency_p95: float
     first_error: str | None = None
+
+
+def free_port() -> int:
+    """A loopback port free now, for a server about to be started."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 300,
+                 log_path: Path | None = None) -> None:
+    """Returns once GET url/health answers 200 (a server started as proc, if given). Raises
+    RuntimeError if proc exits first, TimeoutError after timeout seconds; both end with the
+    tail of the server's log_path, if given."""
+    def log_tail() -> str:
+        return f"; its log:\n{log_path.read_text()[-3000:]}" if log_path else ""
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with status {proc.returncode}{log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not healthy after {timeout:.0f} s{log_tail()}")
+        time.sleep(0.2)
 
 
 async def run_load(url: str, clients: int, requests: int, max_tokens: int = 32,

@@ -24,7 +24,6 @@ import contextlib
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from .loadtest import rss_mb
+from .loadtest import free_port, rss_mb, wait_healthy
 
 # kind -> weight in the mix
 KINDS = {"completion": 14, "completion_stream": 14, "chat": 10, "chat_stream": 10,
@@ -347,35 +346,19 @@ def logged_errors(log: str) -> list[str]:
 
 
 # ---- a server of our own -------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve_subprocess(serve_args: list[str], log_path: Path,
                      ready_timeout: float = 600.0) -> Iterator[tuple[str, int]]:
     """`sparsellm serve ARGS` on a free loopback port -> (url, pid) once /health says ready;
     stopped with SIGINT (its drain) on exit. Its output goes to log_path."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "sparsellm.cli", "serve", "--port", str(port),
            "--log-level", "warning", *serve_args]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + ready_timeout
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the server exited with status {proc.returncode}; its "
-                                       f"log:\n{log_path.read_text()[-3000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the server was not ready after {ready_timeout:.0f} s")
-                time.sleep(0.2)
+            wait_healthy(url, proc, ready_timeout, log_path)
             yield url, proc.pid
         finally:
             if proc.poll() is None:
