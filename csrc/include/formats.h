@@ -40,8 +40,8 @@ constexpr int64_t kGemvMaxTokensW8A8Vnni = 40, kGemvMaxTokensSparseW8A8Vnni = 24
                   kGemvMaxTokensVnni = 8;
 // On AVX2 they go to the integer GEMMs (W8A8: kernels/avx2/gemm.cpp panel_gemm_codes; int4:
 // kernels/avx2/gemm_int.cpp) above avx2_max_tokens, the crossovers of the same measurement on an
-// AVX2-only AMD EPYC (Zen 1; W8A8's the same at TinyLlama-1.1B shapes, and the same bits either
-// way): a W8A8 panel's packing costs about what 4 (dense) to 8 (bitmask, 2:4) tokens' products do.
+// AVX2-only AMD EPYC (Zen 1; for W8A8 also at TinyLlama-1.1B shapes, and the same bits either
+// way).
 constexpr int64_t kGemvMaxTokensW8A8Madd = 16, kGemvMaxTokensSparseW8A8Madd = 32,
                   kGemvMaxTokensS24W8A8Madd = 32, kGemvMaxTokensSparseW4A8Madd = 8,
                   kGemvMaxTokensI4A8Madd = 16;
