@@ -82,7 +82,7 @@ class NativeDecoderModel:
         if unknown:
             raise ValueError(f"formats given for unknown weights {sorted(unknown)[:3]}; "
                              f"linear weights are e.g. {names[0]!r}, 'lm_head.weight'")
-        fp32 = float_format(np.dtype(np.float32))
+        fp32 = as_spec("fp32")
         specs = {name: as_spec(formats[name]) if name in formats else fp32 for name in names}
         # Weights packed as the caller's own arrays (fp32, or bf16/fp16 as stored: views of a
         # memory-mapped file) stay where they are, and so do given packed weights that are views
