@@ -43,7 +43,6 @@ class ServerProcess:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=60, **kwargs)
 
     def wait_ready(self, timeout: float = 60) -> ServerProcess:
-        self.log.flush()
         wait_healthy(self.url, self.proc, timeout, self.log_path)
         return self
 

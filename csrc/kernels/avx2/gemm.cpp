@@ -77,17 +77,18 @@ static inline void micro(const float* Wt, const float* X, int64_t ldx, int64_t k
   }
 }
 
-// The panel's rows k-major (Wt[k][48]), 8 rows at a time (decoded into buf, which stays in
-// L2), 8 x 8 blocks transposed in registers (k is a multiple of 8); rows past nr zero.
-static void pack_rows(const PanelRows& W, float* Wt, float* buf) {
+// The panel's rows k-major (Wt[k][48]), 8 rows at a time: rows8(i, n) gives rows 8i .. 8i + n - 1
+// (n > 0, stride kp) in a buffer that stays in L2, widen8(p) the 8 values at p as floats; 8 x 8
+// blocks transposed in registers (k is a multiple of 8); rows past nr zero.
+template <class Rows8, class Widen8>
+static void pack_k_major(const PanelRows& W, float* Wt, Rows8 rows8, Widen8 widen8) {
   const int64_t k = W.w.kp;
   for (int i = 0; i < 2 * kGroups; ++i) {
     const int64_t left = W.nr - 8 * i, n = left <= 0 ? 0 : left < 8 ? left : 8;
-    const float* src = n ? W.rows(8 * i, n, buf) : nullptr;
+    const auto* src = n ? rows8(i, n) : nullptr;
     for (int64_t p = 0; p < k; p += 8) {
       __m256 r[8];
-      for (int j = 0; j < 8; ++j)
-        r[j] = j < n ? _mm256_loadu_ps(src + j * k + p) : _mm256_setzero_ps();
+      for (int j = 0; j < 8; ++j) r[j] = j < n ? widen8(src + j * k + p) : _mm256_setzero_ps();
       transpose8(r);
       for (int j = 0; j < 8; ++j) _mm256_store_ps(Wt + (p + j) * kPanelRows + 8 * i, r[j]);
     }
@@ -113,23 +114,25 @@ static void code_row(const Weight& w, int64_t r, int8_t* out) {
   }
 }
 
-// The codes of a bitmask or 2:4 panel as floats, k-major (Wt[k][48]), as pack_rows lays out
-// floats: 8 rows at a time expanded into buf (8 x kp bytes), 8 x 8 blocks widened and transposed.
+// The panel's rows decoded to floats (PanelRows::rows) into buf (8 x kp floats).
+static void pack_rows(const PanelRows& W, float* Wt, float* buf) {
+  pack_k_major(
+      W, Wt, [&](int i, int64_t n) { return W.rows(8 * i, n, buf); },
+      [](const float* p) { return _mm256_loadu_ps(p); });
+}
+
+// A bitmask or 2:4 panel's codes: expanded into buf (8 x kp bytes), then widened to floats.
 static void pack_code_rows(const PanelRows& W, float* Wt, int8_t* buf) {
-  const int64_t k = W.w.kp;
-  for (int i = 0; i < 2 * kGroups; ++i) {
-    const int64_t left = W.nr - 8 * i, n = left <= 0 ? 0 : left < 8 ? left : 8;
-    for (int64_t j = 0; j < n; ++j) code_row(W.w, W.r0 + 8 * i + j, buf + j * k);
-    for (int64_t p = 0; p < k; p += 8) {
-      __m256 r[8];
-      for (int j = 0; j < 8; ++j)
-        r[j] = j < n ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(buf + j * k + p))))
-                     : _mm256_setzero_ps();
-      transpose8(r);
-      for (int j = 0; j < 8; ++j) _mm256_store_ps(Wt + (p + j) * kPanelRows + 8 * i, r[j]);
-    }
-  }
+  pack_k_major(
+      W, Wt,
+      [&](int i, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) code_row(W.w, W.r0 + 8 * i + j, buf + j * W.w.kp);
+        return static_cast<const int8_t*>(buf);
+      },
+      [](const int8_t* p) {
+        return _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+      });
 }
 
 // Fmt::I8_R16's codes as floats, k-major (Wt[k][48]): a 16-row block holds each 4 columns as
